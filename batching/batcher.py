@@ -1,0 +1,513 @@
+"""Dynamic batching: one asyncio queue per model, one collector per model instance.
+
+Handlers call :meth:`Batcher.submit` on the event loop: it admits the request (or refuses it
+at once), puts one :class:`Job` on the model's ``asyncio.Queue`` and returns a future. Each
+instance has a collector coroutine on the loop: while its instance is free it forms the next
+batch, then hands the batch to the instance's own thread or process and resolves every
+caller's future with exactly its own outputs. Only the event loop ever touches the queue and
+the futures, so nothing here needs a lock shared with another thread.
+
+This module knows nothing of HTTP, torch or Prometheus: instances are callables that run a
+batch, and everything worth counting goes to a :class:`BatchEvents` observer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .config import BatchingConfig
+from .errors import (
+    DeadlineExceeded,
+    InferenceFailed,
+    NotReady,
+    Overloaded,
+    PayloadTooLarge,
+)
+from .policy import BatchPolicy, Formation
+
+__all__ = ["BatchEvents", "Batcher", "InstanceLost", "Job", "Request", "RunBatch"]
+
+logger = logging.getLogger("batching")
+
+#: Runs one batch on an instance: inputs in, one output per input out, plus seconds computed.
+RunBatch = Callable[[list[Any]], Awaitable[tuple[Sequence[Any], float]]]
+
+
+class BatchEvents(Protocol):
+    """What the batcher reports; metrics implement it, tests may record it."""
+
+    def batch_done(
+        self, items: int, tokens: int, reason: str, queue_wait: float, compute_s: float
+    ) -> None: ...
+
+    def rejected(self, reason: str) -> None: ...
+
+    def dropped(self, reason: str, items: int) -> None: ...
+
+
+class _NoEvents:
+    def batch_done(
+        self, items: int, tokens: int, reason: str, queue_wait: float, compute_s: float
+    ) -> None:
+        return None
+
+    def rejected(self, reason: str) -> None:
+        return None
+
+    def dropped(self, reason: str, items: int) -> None:
+        return None
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    """One caller's submission: its items, their results so far, and the future to resolve."""
+
+    items: list[Any]
+    tokens: list[int] | None
+    future: asyncio.Future[list[Any]]
+    enqueued_at: float
+    deadline: float
+    request_id: str = ""
+    results: list[Any] = field(default_factory=list)
+    unresolved: int = 0
+
+    def settle(self, start: int, outputs: Sequence[Any]) -> None:
+        """Store the outputs of items ``start...``; resolve the future once all are in."""
+        if self.future.done():
+            return
+        stop = start + len(outputs)
+        self.results[start:stop] = outputs
+        self.unresolved -= stop - start
+        if self.unresolved == 0:
+            self.future.set_result(self.results)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+
+@dataclass(eq=False, slots=True)
+class Job:
+    """A queue entry: the slice ``[start, stop)`` of one request's items."""
+
+    request: Request
+    start: int
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+class _Batch:
+    """A forming batch: jobs whose slices add up to at most the item and token caps."""
+
+    __slots__ = ("jobs", "items", "longest", "max_items", "max_tokens")
+
+    def __init__(self, max_items: int, max_tokens: int | None) -> None:
+        self.jobs: list[Job] = []
+        self.items = 0
+        self.longest = 0
+        self.max_items = max_items
+        self.max_tokens = max_tokens
+
+    @property
+    def tokens(self) -> int:
+        return self.items * self.longest
+
+    @property
+    def full(self) -> bool:
+        if self.items >= self.max_items:
+            return True
+        return self.max_tokens is not None and (self.items + 1) * self.longest >= self.max_tokens
+
+    def take(self, job: Job) -> Job | None:
+        """Add as much of ``job`` as fits; return the part that does not, if any."""
+        room = self.max_items - self.items
+        tokens = job.request.tokens
+        if tokens is not None and self.max_tokens is None:
+            self.longest = max(self.longest, *tokens[job.start : job.start + min(room, job.size)])
+        elif tokens is not None and self.max_tokens is not None:
+            longest, fits = self.longest, 0
+            for index in range(job.start, job.start + min(room, job.size)):
+                candidate = max(longest, tokens[index])
+                # A lone item longer than the cap still runs (truncation bounds it); otherwise
+                # the padded size items x longest must stay under the cap.
+                if self.items + fits > 0 and (self.items + fits + 1) * candidate > self.max_tokens:
+                    break
+                longest, fits = candidate, fits + 1
+            room = fits
+            self.longest = longest
+        if room <= 0:
+            return job
+        if job.size <= room:
+            self.jobs.append(job)
+            self.items += job.size
+            return None
+        head = Job(job.request, job.start, job.start + room)
+        self.jobs.append(head)
+        self.items += room
+        return Job(job.request, job.start + room, job.stop)
+
+
+class _Throughput:
+    """Items per second the model's instances complete, smoothed: feeds Retry-After and
+    predicted-wait admission."""
+
+    def __init__(self, prior: float = 100.0) -> None:
+        self.per_instance = prior
+
+    def observe(self, items: int, compute_s: float) -> None:
+        if compute_s <= 0:
+            return
+        rate = items / compute_s
+        # Batches of one understate what a busy instance does; weight by batch size.
+        weight = min(0.5, 0.05 * items)
+        self.per_instance += weight * (rate - self.per_instance)
+
+
+class Batcher:
+    """One model's queue and the collectors that batch it onto the model's instances.
+
+    :param name: the model's name, for logs.
+    :param config: batching and admission settings.
+    :param policy: decides the wait window of each forming batch.
+    :param events: receives counts and timings.
+    :param clock: loop time by default; tests inject a virtual clock through the loop.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        config: BatchingConfig,
+        policy: BatchPolicy,
+        events: BatchEvents | None = None,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.policy = policy
+        self.events: BatchEvents = events or _NoEvents()
+        self.queue: asyncio.Queue[Job] = asyncio.Queue()
+        # The unserved rest of a split request goes back to the head of the line.
+        self._head: collections.deque[Job] = collections.deque()
+        self._arrival_waiters: list[asyncio.Future[None]] = []
+        self._formation = asyncio.Lock()
+        self.queued_items = 0
+        self.busy_instances = 0
+        self.instances = 0
+        self.ready_instances = 0
+        self.throughput = _Throughput()
+        self.breaker_open = False
+        self.draining = False
+        self._preferred = frozenset(config.preferred_batch_sizes)
+
+    # ----------------------------------------------------------------------- loop side: admit
+
+    def submit(
+        self,
+        items: list[Any],
+        *,
+        deadline: float,
+        tokens: list[int] | None = None,
+        request_id: str = "",
+    ) -> asyncio.Future[list[Any]]:
+        """Admit ``items`` as one request and return the future of their outputs, in order.
+
+        :raises PayloadTooLarge: more items than one request may carry.
+        :raises NotReady: no instance is ready, or the server is draining.
+        :raises Overloaded: the queue is full, or cannot be served before ``deadline``.
+        """
+        count = len(items)
+        if count > self.config.max_items_per_request:
+            self.events.rejected("too_large")
+            raise PayloadTooLarge(
+                f"a request may carry at most {self.config.max_items_per_request} items, "
+                f"this one has {count}"
+            )
+        if self.draining:
+            self.events.rejected("not_ready")
+            raise NotReady("the server is shutting down", retry_after=1.0)
+        if self.ready_instances == 0:
+            self.events.rejected("not_ready")
+            raise NotReady(f"model {self.name!r} is not ready", retry_after=1.0)
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self._admit(count, deadline - now)
+        future: asyncio.Future[list[Any]] = loop.create_future()
+        request = Request(
+            items=items,
+            tokens=tokens,
+            future=future,
+            enqueued_at=now,
+            deadline=deadline,
+            request_id=request_id,
+            results=[None] * count,
+            unresolved=count,
+        )
+        self.queue.put_nowait(Job(request, 0, count))
+        self.queued_items += count
+        self.policy.observe_arrival(now, count)
+        self._wake_collectors()
+        return future
+
+    def _admit(self, count: int, time_left: float) -> None:
+        config = self.config
+        depth = self.queued_items
+        capacity = self.throughput.per_instance * max(1, self.ready_instances)
+        if self.breaker_open and depth <= config.max_queue_size * config.queue_close_ratio:
+            self.breaker_open = False
+        if depth + count > config.max_queue_size:
+            self.breaker_open = True
+        if self.breaker_open:
+            self.events.rejected("overloaded")
+            raise Overloaded(
+                f"model {self.name!r} is overloaded: {depth} items queued",
+                retry_after=self._retry_after(depth, capacity),
+            )
+        # The work ahead of this request, at the measured rate, must fit in its deadline;
+        # otherwise it would wait only to time out, so say no now while a retry can help.
+        expected = (depth + count) / capacity
+        if depth > 0 and expected > time_left:
+            self.events.rejected("deadline")
+            raise Overloaded(
+                f"model {self.name!r} cannot serve this request before its deadline: "
+                f"{depth} items are queued ahead of it",
+                retry_after=self._retry_after(depth, capacity),
+            )
+
+    @staticmethod
+    def _retry_after(depth: int, capacity: float) -> float:
+        return max(1.0, math.ceil(depth / capacity))
+
+    def drain(self) -> None:
+        """Refuse new requests from now on; what is queued is still served."""
+        self.draining = True
+
+    @property
+    def idle(self) -> bool:
+        return self.queued_items == 0 and self.busy_instances == 0
+
+    # --------------------------------------------------------------- loop side: form batches
+
+    def _wake_collectors(self) -> None:
+        waiters, self._arrival_waiters = self._arrival_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _wait_for_arrival(self, within: float) -> None:
+        # Not asyncio.wait_for(queue.get()): on 3.11 it can lose an item that arrives just as
+        # the timeout fires. Waiting for a signal and then taking with get_nowait cannot.
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._arrival_waiters.append(waiter)
+        timer = loop.call_later(within, _resolve, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+
+    def _take_nowait(self) -> Job | None:
+        """The next live job, or None; drops jobs whose caller is gone or too late."""
+        while True:
+            if self._head:
+                job = self._head.popleft()
+            elif not self.queue.empty():
+                job = self.queue.get_nowait()
+            else:
+                return None
+            self.queued_items -= job.size
+            if self._is_live(job):
+                return job
+
+    def _is_live(self, job: Job) -> bool:
+        request = job.request
+        if request.future.done():
+            # Cancelled by a disconnect or a deadline, or failed with another part of it.
+            self.events.dropped("cancelled", job.size)
+            return False
+        if request.deadline <= asyncio.get_running_loop().time():
+            self.events.dropped("deadline", job.size)
+            request.fail(DeadlineExceeded("the request's deadline passed while it was queued"))
+            return False
+        return True
+
+    async def _take(self) -> Job:
+        while True:
+            job = self._take_nowait()
+            if job is not None:
+                return job
+            await self._wait_nonempty()
+
+    async def _wait_nonempty(self) -> None:
+        if not self._head and self.queue.empty():
+            loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._arrival_waiters.append(waiter)
+            await waiter
+
+    async def next_batch(self) -> tuple[list[Job], str]:
+        """Wait for work and form the next batch; returns its jobs and why it was released.
+
+        Reasons: ``full`` (item or token cap), ``preferred_size``, ``deadline`` (the window
+        from the oldest job's enqueue time ran out), ``instance_free`` (nothing else queued:
+        no reason to wait).
+        """
+        async with self._formation:
+            loop = asyncio.get_running_loop()
+            config = self.config
+            first = await self._take()
+            batch = _Batch(config.max_batch_size, config.max_batch_tokens)
+            self._put_back(batch.take(first))
+            backlog = bool(self._head) or not self.queue.empty()
+            oldest = first.request.enqueued_at
+            while True:
+                while not batch.full:
+                    job = self._take_nowait()
+                    if job is None:
+                        break
+                    rest = batch.take(job)
+                    if rest is not None:
+                        self._put_back(rest)
+                        break
+                if batch.full or (self._head and batch.items > 0):
+                    return batch.jobs, "full"
+                if batch.items in self._preferred:
+                    return batch.jobs, "preferred_size"
+                delay = self.policy.max_delay(
+                    Formation(
+                        now=loop.time(),
+                        oldest_enqueued_at=oldest,
+                        batch_items=batch.items,
+                        batch_tokens=batch.tokens,
+                        max_batch_size=config.max_batch_size,
+                        backlog=backlog,
+                        busy_instances=self.busy_instances,
+                        instances=self.instances,
+                    )
+                )
+                remaining = oldest + min(delay, config.max_queue_delay) - loop.time()
+                if remaining <= 0:
+                    return batch.jobs, "deadline" if backlog else "instance_free"
+                await self._wait_for_arrival(remaining)
+
+    def _put_back(self, job: Job | None) -> None:
+        if job is not None:
+            self._head.appendleft(job)
+            self.queued_items += job.size
+
+    # ----------------------------------------------------------- loop side: run and resolve
+
+    async def serve(self, run: RunBatch) -> None:
+        """The collector of one instance: form a batch, run it, resolve it; forever."""
+        loop = asyncio.get_running_loop()
+        while True:
+            jobs, reason = await self.next_batch()
+            jobs = [job for job in jobs if self._is_live(job)]
+            if not jobs:
+                continue
+            started = loop.time()
+            queue_wait = started - min(job.request.enqueued_at for job in jobs)
+            self.busy_instances += 1
+            try:
+                items, tokens, compute_s = await self._run_isolating_errors(run, jobs)
+            except (InstanceLost, asyncio.CancelledError):
+                # The instance is gone (or the server stops): these callers must hear now,
+                # not at their deadline.
+                lost = NotReady("the model instance serving this request stopped; retry")
+                for job in jobs:
+                    job.request.fail(lost)
+                raise
+            finally:
+                self.busy_instances -= 1
+            self.events.batch_done(items, tokens, reason, queue_wait, compute_s)
+
+    async def _run_isolating_errors(
+        self, run: RunBatch, jobs: list[Job]
+    ) -> tuple[int, int, float]:
+        """Run ``jobs`` as one batch; when the model raises, bisect so that only the jobs
+        holding a failing input fail. Returns items, padded tokens and compute seconds."""
+        inputs = _inputs_of(jobs)
+        tokens = _padded_tokens(jobs)
+        try:
+            outputs, compute_s = await run(inputs)
+        except InstanceLost:
+            raise
+        except Exception as exc:
+            if len(jobs) == 1:
+                job = jobs[0]
+                logger.error(
+                    "model %s failed on request %s: %r",
+                    self.name,
+                    job.request.request_id or "-",
+                    exc,
+                    exc_info=exc,
+                )
+                job.request.fail(InferenceFailed("the model failed on this request's input"))
+                return len(inputs), tokens, 0.0
+            middle = len(jobs) // 2
+            left = await self._run_isolating_errors(run, jobs[:middle])
+            right = await self._run_isolating_errors(run, jobs[middle:])
+            return left[0] + right[0], left[1] + right[1], left[2] + right[2]
+        if len(outputs) != len(inputs):
+            logger.error(
+                "model %s returned %d outputs for %d inputs; failing requests %s",
+                self.name,
+                len(outputs),
+                len(inputs),
+                ",".join(job.request.request_id or "-" for job in jobs),
+            )
+            failure = InferenceFailed("the model returned the wrong number of outputs")
+            for job in jobs:
+                job.request.fail(failure)
+            return len(inputs), tokens, compute_s
+        self.throughput.observe(len(inputs), compute_s)
+        self.policy.observe_batch(len(inputs), tokens, compute_s)
+        offset = 0
+        for job in jobs:
+            job.request.settle(job.start, outputs[offset : offset + job.size])
+            offset += job.size
+        return len(inputs), tokens, compute_s
+
+    def fail_all(self, exc: BaseException) -> None:
+        """Fail everything still queued (shutdown with nothing left to serve it)."""
+        while True:
+            job = self._take_nowait()
+            if job is None:
+                return
+            job.request.fail(exc)
+
+
+class InstanceLost(Exception):
+    """Raised by an instance's runner when the instance itself died, not the model's input."""
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _inputs_of(jobs: list[Job]) -> list[Any]:
+    if len(jobs) == 1 and jobs[0].size == len(jobs[0].request.items):
+        return jobs[0].request.items
+    out: list[Any] = []
+    for job in jobs:
+        out.extend(job.request.items[job.start : job.stop])
+    return out
+
+
+def _padded_tokens(jobs: list[Job]) -> int:
+    longest, count = 0, 0
+    for job in jobs:
+        tokens = job.request.tokens
+        if tokens is None:
+            return 0
+        count += job.size
+        longest = max(longest, max(tokens[job.start : job.stop]))
+    return longest * count

