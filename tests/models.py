@@ -81,3 +81,21 @@ class SlowLoadModel(EchoModel):
         if not self.loaded.wait(timeout=30):
             raise TimeoutError("never allowed to load")
         super().load(device)
+
+
+class MortalModel(EchoModel):
+    """Echo whose instance dies (``SystemExit`` on its thread) on the input ``"die"``.
+
+    :attr:`loads` counts loads across every copy, so a test can see the restart.
+    """
+
+    loads = 0
+
+    def load(self, device: str) -> None:
+        type(self).loads += 1
+        super().load(device)
+
+    def predict(self, inputs: list[Any]) -> Sequence[Any]:
+        if "die" in inputs:
+            raise SystemExit("the instance thread dies")
+        return super().predict(inputs)

@@ -1,0 +1,88 @@
+"""SIGTERM under load, on a real ``python server.py`` process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.servers import free_port
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def test_sigterm_finishes_every_accepted_request_and_exits_in_bounded_time() -> None:
+    port = free_port()
+    env = {**os.environ, "COST_MODEL_A_MS": "40", "COST_MODEL_B_MS": "1"}
+    process = await asyncio.create_subprocess_exec(
+        *[
+            sys.executable,
+            "server.py",
+            "--model",
+            "tests.models:CostModel",
+            "--port",
+            str(port),
+            "--max-batch-size",
+            "8",
+            "--shutdown-timeout-s",
+            "20",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            for _ in range(500):
+                try:
+                    if (await client.get("/v2/health/ready")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("server never became ready")
+            # 40 one-item requests at 8 per ~50 ms batch: about 250 ms of accepted work.
+            futures = [
+                asyncio.ensure_future(client.post("/", content=f"job{i}".encode()))
+                for i in range(40)
+            ]
+            for _ in range(500):
+                metrics = (await client.get("/metrics")).text
+                if "batching_batch_size_items_count" in metrics and any(
+                    line.startswith('batching_queue_depth_items{model="CostModel"}')
+                    and float(line.rsplit(" ", 1)[1]) >= 16
+                    for line in metrics.splitlines()
+                ):
+                    break
+                await asyncio.sleep(0.01)
+            signalled = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            responses = await asyncio.gather(*futures, return_exceptions=True)
+        statuses = [getattr(response, "status_code", repr(response)) for response in responses]
+        # Every accepted request is answered: served, or told to retry; none hangs or is lost.
+        assert all(status in (200, 503) for status in statuses), statuses
+        assert statuses.count(200) >= 16
+        for index, response in enumerate(responses):
+            if isinstance(response, httpx.Response) and response.status_code == 200:
+                assert response.json()["outputs"][0]["input"] == f"job{index}"
+        returncode = await asyncio.wait_for(process.wait(), 25)
+        assert time.monotonic() - signalled < 25
+        assert returncode in (0, -signal.SIGTERM)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        assert process.stdout is not None
+        output = (await process.stdout.read()).decode()
+    assert "Traceback" not in output, output
