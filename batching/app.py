@@ -35,6 +35,7 @@ from .errors import (
 from .metrics import Metrics
 from .model import DEFAULT_MODEL_NAME, Model, build_model
 from .plain import check_texts, encode_outputs, parse_inputs
+from .v2 import v2_routes
 
 __all__ = ["ModelBuilder", "create_app", "default_model_builder"]
 
@@ -198,6 +199,13 @@ class Service:
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
 
+    async def read(self, request: Request) -> bytes:
+        return await read_body(request, self.max_body_bytes)
+
+    @staticmethod
+    def status_of(exc: BatchingError) -> int:
+        return _status_of(exc)
+
     def deadline_of(self, request: Request, deployment: Deployment) -> float:
         timeout = deployment.config.batching.timeout
         asked = request.headers.get(TIMEOUT_HEADER)
@@ -315,7 +323,7 @@ def create_app(
         status = 500
         try:
             deadline = service.deadline_of(request, deployment)
-            body = await read_body(request, service.max_body_bytes)
+            body = await service.read(request)
             inputs = parse_inputs(body, request.headers.get("content-type", ""))
             if _is_text_model(deployment):
                 check_texts(inputs)
@@ -357,6 +365,7 @@ def create_app(
         Route("/v2/health/live", live, methods=["GET"]),
         Route("/v2/health/ready", ready, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
+        *v2_routes(service),
     ]
     app = Starlette(
         routes=routes,

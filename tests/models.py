@@ -99,3 +99,22 @@ class MortalModel(EchoModel):
         if "die" in inputs:
             raise SystemExit("the instance thread dies")
         return super().predict(inputs)
+
+
+class VectorModel(EchoModel):
+    """A stand-in embedder: each text becomes FP32 ``[len, first code point, 1, -1]``."""
+
+    def predict(self, inputs: list[Any]) -> Sequence[Any]:
+        import numpy as np
+
+        self.batches.append(list(inputs))
+        return np.array(
+            [[len(text), ord(text[0]) if text else 0, 1.0, -1.0] for text in inputs],
+            dtype=np.float32,
+        )
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
+            "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, 4]}],
+        }
