@@ -227,7 +227,13 @@ class Service:
         :raises DeadlineExceeded: not served before ``deadline``.
         """
         batcher = deployment.batcher
-        future = batcher.submit(inputs, deadline=deadline, request_id=_request_id(request.scope))
+        try:
+            tokens = await deployment.tokens_of(inputs)
+        except Exception as exc:
+            raise UnprocessableInput(f"the model cannot tokenize this input: {exc}") from None
+        future = batcher.submit(
+            inputs, deadline=deadline, tokens=tokens, request_id=_request_id(request.scope)
+        )
         disconnect = asyncio.ensure_future(_wait_for_disconnect(request.receive))
         try:
             async with asyncio.timeout_at(deadline):

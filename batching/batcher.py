@@ -365,18 +365,17 @@ class Batcher:
             first = await self._take()
             batch = _Batch(config.max_batch_size, config.max_batch_tokens)
             self._put_back(batch.take(first))
+            group_by_length = (
+                config.max_batch_tokens is not None and first.request.tokens is not None
+            )
             backlog = bool(self._head) or not self.queue.empty()
             oldest = first.request.enqueued_at
             while True:
-                while not batch.full:
-                    job = self._take_nowait()
-                    if job is None:
-                        break
-                    rest = batch.take(job)
-                    if rest is not None:
-                        self._put_back(rest)
-                        break
-                if batch.full or (self._head and batch.items > 0):
+                if group_by_length:
+                    closed = self._fill_by_length(batch, _longest(first))
+                else:
+                    closed = self._fill_in_order(batch)
+                if closed:
                     return batch.jobs, "full"
                 if batch.items in self._preferred:
                     return batch.jobs, "preferred_size"
@@ -396,6 +395,44 @@ class Batcher:
                 if remaining <= 0:
                     return batch.jobs, "deadline" if backlog else "instance_free"
                 await self._wait_for_arrival(remaining)
+
+    def _fill_in_order(self, batch: _Batch) -> bool:
+        """Add queued jobs first come, first served; True when the batch can take no more."""
+        while not batch.full:
+            job = self._take_nowait()
+            if job is None:
+                return False
+            rest = batch.take(job)
+            if rest is not None:
+                self._put_back(rest)
+                return True
+        return True
+
+    def _fill_by_length(self, batch: _Batch, length: int) -> bool:
+        """Add the queued jobs closest in length to the batch's oldest, so short texts do not
+        pay for a long one's padding. The oldest job is always in the batch, so a long job
+        waits at most until it is the oldest. True when the batch can take no more."""
+        pool: list[Job] = []
+        pooled = 0
+        # Looking further than a few batches ahead buys little and costs a sort per batch.
+        while pooled < 4 * batch.max_items:
+            job = self._take_nowait()
+            if job is None:
+                break
+            pool.append(job)
+            pooled += job.size
+        left: dict[int, Job] = dict(enumerate(pool))
+        for index in sorted(left, key=lambda i: abs(_longest(pool[i]) - length)):
+            if batch.full:
+                break
+            rest = batch.take(pool[index])
+            if rest is None:
+                del left[index]
+            else:
+                left[index] = rest
+        for index in sorted(left, reverse=True):
+            self._put_back(left[index])
+        return batch.full or bool(left)
 
     def _put_back(self, job: Job | None) -> None:
         if job is not None:
@@ -500,6 +537,11 @@ def _inputs_of(jobs: list[Job]) -> list[Any]:
     for job in jobs:
         out.extend(job.request.items[job.start : job.stop])
     return out
+
+
+def _longest(job: Job) -> int:
+    tokens = job.request.tokens
+    return max(tokens[job.start : job.stop]) if tokens else 0
 
 
 def _padded_tokens(jobs: list[Job]) -> int:

@@ -83,6 +83,29 @@ class Deployment:
         self._on_ready = on_ready
         self._tasks: list[asyncio.Task[None]] = []
         self._loading = asyncio.Lock()
+        #: Counts an input's tokens on the event loop, for token-aware batching.
+        self.count_tokens: Callable[[Any], int] | None = None
+
+    def _token_counter(self) -> Callable[[Any], int] | None:
+        # An unloaded model object of its own: counting needs the tokenizer, not the weights,
+        # and must not share the instances' tokenizers, which are busy on their threads.
+        counter = getattr(self._factory(), "count_tokens", None)
+        if counter is None:
+            logger.warning(
+                "model %s has max_batch_tokens set but no count_tokens(); batching by items",
+                self.name,
+            )
+        return counter
+
+    async def tokens_of(self, inputs: list[Any]) -> list[int] | None:
+        """Each input's token count, or None when the model is not batched by tokens."""
+        counter = self.count_tokens
+        if counter is None:
+            return None
+        if len(inputs) <= 16:
+            return [counter(item) for item in inputs]
+        # Tokenizing a large request would hold up every other request on the loop.
+        return await asyncio.to_thread(lambda: [counter(item) for item in inputs])
 
     @property
     def ready(self) -> bool:
@@ -103,6 +126,8 @@ class Deployment:
                 # One instance loads at a time: N copies loading at once multiply the
                 # memory peak and gain nothing on a machine whose cores the load already uses.
                 async with self._loading:
+                    if self.config.batching.max_batch_tokens and self.count_tokens is None:
+                        self.count_tokens = await asyncio.to_thread(self._token_counter)
                     started = time.perf_counter()
                     info = await instance.start(self.config.batching.max_batch_size)
             except asyncio.CancelledError:

@@ -416,3 +416,44 @@ def test_a_lost_instance_fails_its_in_flight_requests_promptly() -> None:
             await task
 
     run_virtual(main)
+
+
+def test_with_a_token_cap_queued_items_are_grouped_by_length() -> None:
+    async def main() -> None:
+        batcher, _ = make_batcher(max_batch_size=4, max_batch_tokens=1000)
+        runner = ScriptedRunner(cost=lambda n: 1 * MS)
+        task = serve(batcher, runner)
+        blocker = batcher.submit(["busy"], deadline=FAR, tokens=[5])
+        await runner.started.wait()
+        futures = []
+        for index in range(4):
+            futures.append(batcher.submit([f"S{index}"], deadline=FAR, tokens=[10]))
+            futures.append(batcher.submit([f"L{index}"], deadline=FAR, tokens=[200]))
+        results = await asyncio.gather(*futures)
+        await blocker
+        assert [r[0] for r in results] == [f"{k}{i}" for i in range(4) for k in "SL"]
+        assert [inputs for _, inputs in runner.batches] == [
+            ["busy"],
+            ["S0", "S1", "S2", "S3"],
+            ["L0", "L1", "L2", "L3"],
+        ]
+        await finish(task)
+
+    run_virtual(main)
+
+
+def test_without_a_token_cap_batches_keep_arrival_order() -> None:
+    async def main() -> None:
+        batcher, _ = make_batcher(max_batch_size=4)
+        runner = ScriptedRunner(cost=lambda n: 1 * MS)
+        task = serve(batcher, runner)
+        blocker = await occupy(batcher, runner)
+        futures = []
+        for index in range(2):
+            futures.append(batcher.submit([f"S{index}"], deadline=FAR, tokens=[10]))
+            futures.append(batcher.submit([f"L{index}"], deadline=FAR, tokens=[200]))
+        await asyncio.gather(blocker, *futures)
+        assert runner.batches[1][1] == ["S0", "L0", "S1", "L1"]
+        await finish(task)
+
+    run_virtual(main)
