@@ -33,6 +33,9 @@ from batching.model import DEFAULT_MODEL_NAME, Model, load_model_class, warmup_b
 
 __all__ = ["PipelineModel", "SentenceEmbedder", "build_model", "resolve_device"]
 
+# A server's log is read line by line; a progress bar per weight load only garbles it.
+transformers.utils.logging.disable_progress_bar()
+
 # Pooling modes in the order sentence-transformers concatenates the legacy boolean flags.
 _LEGACY_POOLING_FLAGS: dict[str, str] = {
     "pooling_mode_cls_token": "cls",
