@@ -360,41 +360,50 @@ class Batcher:
         no reason to wait).
         """
         async with self._formation:
-            loop = asyncio.get_running_loop()
-            config = self.config
             first = await self._take()
-            batch = _Batch(config.max_batch_size, config.max_batch_tokens)
+            batch = _Batch(self.config.max_batch_size, self.config.max_batch_tokens)
             self._put_back(batch.take(first))
-            group_by_length = (
-                config.max_batch_tokens is not None and first.request.tokens is not None
-            )
-            backlog = bool(self._head) or not self.queue.empty()
-            oldest = first.request.enqueued_at
-            while True:
-                if group_by_length:
-                    closed = self._fill_by_length(batch, _longest(first))
-                else:
-                    closed = self._fill_in_order(batch)
-                if closed:
-                    return batch.jobs, "full"
-                if batch.items in self._preferred:
-                    return batch.jobs, "preferred_size"
-                delay = self.policy.max_delay(
-                    Formation(
-                        now=loop.time(),
-                        oldest_enqueued_at=oldest,
-                        batch_items=batch.items,
-                        batch_tokens=batch.tokens,
-                        max_batch_size=config.max_batch_size,
-                        backlog=backlog,
-                        busy_instances=self.busy_instances,
-                        instances=self.instances,
-                    )
+            try:
+                reason = await self._collect(batch, first)
+            except asyncio.CancelledError:
+                # The instance is stopping: what it had gathered goes back, in order, for
+                # another instance (or the shutdown) to deal with.
+                for job in reversed(batch.jobs):
+                    self._put_back(job)
+                raise
+            return batch.jobs, reason
+
+    async def _collect(self, batch: _Batch, first: Job) -> str:
+        loop = asyncio.get_running_loop()
+        config = self.config
+        group_by_length = config.max_batch_tokens is not None and first.request.tokens is not None
+        backlog = bool(self._head) or not self.queue.empty()
+        oldest = first.request.enqueued_at
+        while True:
+            if group_by_length:
+                closed = self._fill_by_length(batch, _longest(first))
+            else:
+                closed = self._fill_in_order(batch)
+            if closed:
+                return "full"
+            if batch.items in self._preferred:
+                return "preferred_size"
+            delay = self.policy.max_delay(
+                Formation(
+                    now=loop.time(),
+                    oldest_enqueued_at=oldest,
+                    batch_items=batch.items,
+                    batch_tokens=batch.tokens,
+                    max_batch_size=config.max_batch_size,
+                    backlog=backlog,
+                    busy_instances=self.busy_instances,
+                    instances=self.instances,
                 )
-                remaining = oldest + min(delay, config.max_queue_delay) - loop.time()
-                if remaining <= 0:
-                    return batch.jobs, "deadline" if backlog else "instance_free"
-                await self._wait_for_arrival(remaining)
+            )
+            remaining = oldest + min(delay, config.max_queue_delay) - loop.time()
+            if remaining <= 0:
+                return "deadline" if backlog else "instance_free"
+            await self._wait_for_arrival(remaining)
 
     def _fill_in_order(self, batch: _Batch) -> bool:
         """Add queued jobs first come, first served; True when the batch can take no more."""

@@ -457,3 +457,20 @@ def test_without_a_token_cap_batches_keep_arrival_order() -> None:
         await finish(task)
 
     run_virtual(main)
+
+
+def test_a_stopped_collector_returns_the_jobs_it_was_gathering() -> None:
+    async def main() -> None:
+        batcher, _ = make_batcher(max_queue_delay=50 * MS)
+        runner = ScriptedRunner(cost=lambda n: 1 * MS)
+        futures = [batcher.submit([f"j{i}"], deadline=FAR) for i in range(3)]
+        first = serve(batcher, runner)
+        await at(10 * MS)  # inside the 50 ms window: the batch is still forming
+        await finish(first)
+        assert runner.batches == [] and batcher.queued_items == 3
+        second = serve(batcher, runner)
+        assert await asyncio.gather(*futures) == [["j0"], ["j1"], ["j2"]]
+        assert runner.batches == [(50 * MS, ["j0", "j1", "j2"])]
+        await finish(second)
+
+    run_virtual(main)
