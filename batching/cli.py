@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from .config import BatchingConfig, ModelConfig
 from .model import DEFAULT_MODEL_NAME
+from .repository import RepositoryError, load_repository
 
 __all__ = ["ServerSettings", "build_parser", "parse_settings"]
 
@@ -66,6 +67,12 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         "text-classification, fill-mask, ...)",
     )
     parser.flag("--name", help="the name clients use in URLs (default: from the model)")
+    parser.flag(
+        "--model-repository",
+        help="serve several models: a directory with one folder per model, each holding a "
+        "config.toml, or one .toml file with [models.<name>] tables (docs/model-repository.md); "
+        "the batching and instance flags below become defaults for keys a model leaves out",
+    )
     parser.flag(
         "--device",
         default="cpu",
@@ -219,10 +226,24 @@ def parse_settings(
         )
     except ValueError as exc:
         parser.error(str(exc))
+    models: tuple[ModelConfig, ...] = (model,)
+    if args.model_repository:
+        given = {"--model": args.model, "--task": args.task, "--name": args.name}
+        single = [flag for flag, value in given.items() if value is not None]
+        if single:
+            parser.error(
+                f"{', '.join(single)} cannot be combined with --model-repository: each model's "
+                "config.toml gives its own source, task and name"
+            )
+        try:
+            models = load_repository(str(args.model_repository), defaults=model)
+        except RepositoryError as exc:
+            # The message names the file and key; the usage text would only bury it.
+            parser.exit(2, f"{parser.prog}: error: {exc}\n")
     return ServerSettings(
         host=str(args.host),
         port=int(args.port),
-        models=(model,),
+        models=models,
         max_body_bytes=int(args.max_body_bytes),
         shutdown_timeout=float(args.shutdown_timeout_s),
         log_level=str(args.log_level),

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 __all__ = ["BatchingConfig", "ModelConfig"]
 
 POLICIES = ("fixed", "adaptive")
+INSTANCE_KINDS = ("thread", "process")
+#: Where warm-up inputs come from: the model's own samples, zeros, random data or a file.
+WARMUP_DATA = ("model", "zero", "random", "file")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,16 +87,32 @@ class ModelConfig:
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     #: Warm-up: run these batch sizes before ready; empty means 1 and max_batch_size.
     warmup_batch_sizes: tuple[int, ...] = ()
+    #: Warm-up inputs: "model" (its ``warmup_inputs``), "zero", "random" or "file".
+    warmup_data: str = "model"
+    #: With ``warmup_data="file"``: a UTF-8 file holding one input per line.
+    warmup_file: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
             raise ValueError(f"name: {self.name!r} must be non-empty and contain no '/'")
         if not self.devices:
             raise ValueError("devices: at least one instance is needed")
-        if self.instance_kind not in ("thread", "process"):
+        if self.instance_kind not in INSTANCE_KINDS:
             raise ValueError(
                 f"instance_kind must be 'thread' or 'process', not {self.instance_kind!r}"
             )
         for size in self.warmup_batch_sizes:
             if size < 1:
                 raise ValueError("warmup_batch_sizes must be >= 1")
+            if size > self.batching.max_batch_size:
+                # A warm-up batch larger than any real batch warms a shape never served.
+                raise ValueError(
+                    f"warmup_batch_sizes: {size} is over max_batch_size "
+                    f"({self.batching.max_batch_size})"
+                )
+        if self.warmup_data not in WARMUP_DATA:
+            raise ValueError(
+                f"warmup_data must be one of {', '.join(WARMUP_DATA)}, not {self.warmup_data!r}"
+            )
+        if (self.warmup_data == "file") != (self.warmup_file is not None):
+            raise ValueError('warmup_file is required with warmup_data="file", and only then')

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from .batcher import Batcher, BatchEvents, InstanceLost, RunBatch
 from .config import ModelConfig
 from .errors import NotReady
-from .instances import InstanceInfo, ModelFactory, ThreadInstance
+from .instances import InstanceInfo, ModelFactory, instance_factory_for
 from .policy import BatchPolicy, FixedPolicy
 
 __all__ = ["Deployment", "Instance"]
@@ -59,7 +59,8 @@ class Deployment:
     :param config: the model's configuration.
     :param factory: builds an unloaded model object; called once per instance start.
     :param events: receives the batcher's counts and timings.
-    :param instance_factory: builds instances; thread instances unless told otherwise.
+    :param instance_factory: builds instances; by default a thread or a process per
+        ``config.instance_kind``, told its index and the warm-up plan.
     """
 
     def __init__(
@@ -79,7 +80,7 @@ class Deployment:
         self.load_error: str | None = None
         self.warmup_s: list[float] = []
         self._factory = factory
-        self._instance_factory: InstanceFactory = instance_factory or ThreadInstance
+        self._instance_factory: InstanceFactory | None = instance_factory
         self._on_ready = on_ready
         self._tasks: list[asyncio.Task[None]] = []
         self._loading = asyncio.Lock()
@@ -90,6 +91,8 @@ class Deployment:
         # An unloaded model object of its own: counting needs the tokenizer, not the weights,
         # and must not share the instances' tokenizers, which are busy on their threads.
         counter = getattr(self._factory(), "count_tokens", None)
+        if counter is not None:
+            counter("")  # builds its tokenizer here, on this thread, not on the event loop
         if counter is None:
             logger.warning(
                 "model %s has max_batch_tokens set but no count_tokens(); batching by items",
@@ -120,8 +123,9 @@ class Deployment:
     async def _supervise(self, index: int, device: str) -> None:
         label = f"{self.name}-{index}"
         failures = 0
+        make = self._instance_factory or instance_factory_for(self.config, index)
         while True:
-            instance = self._instance_factory(self._factory, device, label)
+            instance = make(self._factory, device, label)
             try:
                 # One instance loads at a time: N copies loading at once multiply the
                 # memory peak and gain nothing on a machine whose cores the load already uses.
@@ -165,6 +169,8 @@ class Deployment:
             finally:
                 self.batcher.ready_instances -= 1
                 instance.close()
+            if self.batcher.draining:
+                return  # shutting down: nothing to restart for
             await asyncio.sleep(RESTART_BACKOFF[min(failures, len(RESTART_BACKOFF)) - 1])
 
     async def stop(self, grace: float) -> None:

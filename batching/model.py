@@ -7,18 +7,33 @@ called only from that instance's dedicated thread (or process), one batch at a t
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["DEFAULT_MODEL_NAME", "Model", "build_model", "load_model_class", "warmup_batches"]
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "Model",
+    "build_model",
+    "load_model",
+    "load_model_class",
+    "warmup_batches",
+]
 
 
 @runtime_checkable
 class Model(Protocol):
     """What the server needs of a model.
 
-    ``load(device)`` places the model on ``device`` ("cpu", "cuda:0", ...).
+    ``load(device)`` places the model on ``device`` ("cpu", "cuda:0", ...). A model that
+    wants to know which instance it is (to pick a port, a shard, a log name) declares a
+    parameter named ``instance_index``: ``load(self, device, instance_index=0)``; the server
+    then calls ``load(device, instance_index=i)``, where ``i`` is the instance's position in
+    the model's device list (0, 1, ...; stable across restarts). A ``load(device)`` without
+    that parameter is called as before; ``**kwargs`` alone does not opt in, since it often
+    forwards to a loader that would reject the unknown keyword.
+
     ``predict(inputs)`` takes a list of inputs and returns exactly one output per input, in
     order. Outputs are JSON-serialisable values or numpy arrays (a 2-D array counts as one row
     per input).
@@ -26,14 +41,44 @@ class Model(Protocol):
     Optional methods, looked up with ``getattr``:
 
     - ``warmup_inputs(max_batch_size) -> list[list[input]]``: batches to run before the
-      instance reports ready (defaults to :func:`warmup_batches`).
+      instance reports ready (build them with :func:`warmup_batches`). Its items are also
+      the samples a configured warm-up (``warmup.batch_sizes``) repeats to each size.
     - ``count_tokens(input) -> int``: the padded length this input costs, for token-aware
       batching of text models.
+    - ``metadata() -> dict``: v2-style ``inputs``/``outputs`` descriptions. The first
+      input's datatype and shape (``[-1, ...]``, batch dimension first) also tell the
+      "zero" and "random" warm-ups what to generate: texts for BYTES (the default), nested
+      lists of numbers for a numeric type with a fixed shape.
+    - ``max_seq_length`` (attribute): the longest text input in tokens; the "random"
+      warm-up writes that many words.
+
+    A model served by process instances is built in a child process: its class must be
+    importable by module name, and its outputs and exceptions picklable.
     """
 
     def load(self, device: str) -> None: ...
 
     def predict(self, inputs: list[Any]) -> Sequence[Any]: ...
+
+
+def load_model(model: Model, device: str, instance_index: int) -> None:
+    """Call ``model.load(device)``, adding ``instance_index`` when ``load`` declares it."""
+    if _declares(model.load, "instance_index"):
+        model.load(device, instance_index=instance_index)  # type: ignore[call-arg]
+    else:
+        model.load(device)
+
+
+def _declares(function: Any, name: str) -> bool:
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False  # builtins and some C extensions have no introspectable signature
+    parameter = parameters.get(name)
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
 
 
 def warmup_batches(sample: Any, max_batch_size: int) -> list[list[Any]]:
