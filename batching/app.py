@@ -113,10 +113,10 @@ async def _batching_error(request: Request, exc: Exception) -> Response:
     headers = None
     if isinstance(exc, Unavailable):
         headers = {"Retry-After": str(max(1, round(exc.retry_after)))}
-    if status >= 500:
-        logger.warning(
-            "request %s answered %d: %s", _request_id(request.scope), status, exc
-        )
+    # Client mistakes are the client's to read in the body; at DEBUG an operator can still
+    # follow one by its request id. Server-side failures always reach the log.
+    level = logging.WARNING if status >= 500 else logging.DEBUG
+    logger.log(level, "request %s answered %d: %s", _request_id(request.scope), status, exc)
     return _error_response(str(exc), status, headers)
 
 

@@ -118,3 +118,20 @@ class VectorModel(EchoModel):
             "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
             "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, 4]}],
         }
+
+
+class SumModel(EchoModel):
+    """A numeric model: each FP32 row of 3 values becomes its sum."""
+
+    def predict(self, inputs: list[Any]) -> Sequence[Any]:
+        import numpy as np
+
+        rows = np.stack([np.asarray(row, dtype=np.float32) for row in inputs])
+        self.batches.append(list(inputs))
+        return rows.sum(axis=1, keepdims=True)
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "inputs": [{"name": "values", "datatype": "FP32", "shape": [-1, 3]}],
+            "outputs": [{"name": "total", "datatype": "FP32", "shape": [-1, 1]}],
+        }

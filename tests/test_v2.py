@@ -167,3 +167,25 @@ async def test_model_config_and_ready_endpoints(server_url: str) -> None:
     assert config["max_batch_size"] == 8
     assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 2000
     assert ready.status_code == 200
+
+
+@pytest.mark.parametrize("binary", [False, True])
+async def test_a_numeric_model_takes_typed_tensors(binary: bool) -> None:
+    config = ModelConfig(
+        name="sum", source="tests.models:SumModel", batching=BatchingConfig(max_batch_size=4)
+    )
+    async with running(create_app(config)) as url:
+        client = triton_aio.InferenceServerClient(url.removeprefix("http://"))
+        try:
+            values = np.arange(30, dtype=np.float32).reshape(10, 3)
+            tensor = triton_aio.InferInput("values", [10, 3], "FP32")
+            tensor.set_data_from_numpy(values, binary_data=binary)
+            outputs = [triton_aio.InferRequestedOutput("total", binary_data=binary)]
+            result = await client.infer("sum", [tensor], outputs=outputs)
+            ints = triton_aio.InferInput("values", [2, 3], "INT64")
+            ints.set_data_from_numpy(np.ones((2, 3), dtype=np.int64), binary_data=binary)
+            as_ints = await client.infer("sum", [ints])
+        finally:
+            await client.close()
+    np.testing.assert_array_equal(result.as_numpy("total"), values.sum(axis=1, keepdims=True))
+    np.testing.assert_array_equal(as_ints.as_numpy("total"), [[3.0], [3.0]])
