@@ -49,7 +49,7 @@ def run_point(
     url: str, load: str, capacity: float | None, args: argparse.Namespace, payloads: Any
 ) -> dict[str, Any]:
     target = Target.parse(url)
-    if load.startswith("c"):
+    if load.startswith("c") and load[1:].isdigit():
         spec = LoadSpec(payloads=payloads, concurrency=int(load[1:]), duration=args.seconds)
     else:
         if load.startswith("cap"):
@@ -124,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             with ServerProcess(flags, cwd=ROOT, log_path=log) as server:
                 for load in args.load:
                     point = run_point(server.url, load, capacity, args, payloads)
-                    if capacity is None and load.startswith("c"):
+                    if capacity is None and load[1:].isdigit():
                         capacity = point["requests_per_s"]
                     results.setdefault((name, load), []).append(point)
                     print(
