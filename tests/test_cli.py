@@ -1,0 +1,113 @@
+"""Command-line settings: flags, their BATCHING_* twins, validation, torch thread shares."""
+
+from __future__ import annotations
+
+import pytest
+
+from batching.cli import build_parser, parse_settings, torch_threads_for
+from batching.config import ModelConfig
+
+FLAGS = [
+    "--host",
+    "--port",
+    "--model",
+    "--task",
+    "--device",
+    "--instances",
+    "--max-batch-size",
+    "--max-queue-delay-ms",
+    "--max-queue-size",
+    "--timeout-ms",
+    "--batching",
+    "--max-latency-ms",
+    "--max-batch-tokens",
+    "--preferred-batch-sizes",
+    "--instance-kind",
+    "--model-repository",
+    "--torch-threads",
+]
+
+
+def test_every_flag_has_help_naming_its_environment_twin() -> None:
+    text = build_parser({}).format_help()
+    for flag in FLAGS:
+        assert flag in text
+        twin = "BATCHING_" + flag.lstrip("-").replace("-", "_").upper()
+        assert twin in text
+
+
+def test_flags_and_defaults() -> None:
+    settings = parse_settings(
+        [
+            "--port",
+            "9000",
+            "--max-batch-size",
+            "16",
+            "--max-queue-delay-ms",
+            "3.5",
+            "--instances",
+            "2",
+            "--timeout-ms",
+            "1500",
+            "--batching",
+            "adaptive",
+        ],
+        {},
+    )
+    (model,) = settings.models
+    assert settings.port == 9000 and settings.host == "127.0.0.1"
+    assert model.name == "all-MiniLM-L6-v2" and model.source is None
+    assert model.devices == ("cpu", "cpu")
+    assert model.batching.max_batch_size == 16
+    assert model.batching.max_queue_delay == pytest.approx(0.0035)
+    assert model.batching.timeout == pytest.approx(1.5)
+    assert model.batching.policy == "adaptive"
+
+
+def test_environment_twins_set_defaults_and_flags_win() -> None:
+    environ = {"BATCHING_MAX_BATCH_SIZE": "8", "BATCHING_PORT": "7000"}
+    assert parse_settings([], environ).models[0].batching.max_batch_size == 8
+    assert parse_settings(["--port", "7001"], environ).port == 7001
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max-batch-size", "0"], "max_batch_size"),
+        (["--instances", "zero"], "--instances"),
+        (["--preferred-batch-sizes", "4,x"], "--preferred-batch-sizes"),
+        (["--batching", "magic"], "invalid choice"),
+        (["--torch-threads", "0"], "--torch-threads"),
+        (["--max-queue-delay-ms", "-1"], "max_queue_delay"),
+    ],
+)
+def test_bad_flags_exit_with_a_message_naming_them(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_settings(argv, {})
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("devices", "cores", "asked", "threads"),
+    [
+        ([("cpu",)], 2, "auto", 2),
+        ([("cpu", "cpu")], 2, "auto", 1),
+        ([("cpu", "cpu", "cpu")], 2, "auto", 1),
+        ([("cpu",), ("cpu",)], 8, "auto", 4),
+        ([("cuda:0", "cuda:1")], 8, "auto", 8),
+        ([("cpu", "cpu")], 2, "3", 3),
+    ],
+)
+def test_torch_threads_share_the_cores_among_instances(
+    devices: list[tuple[str, ...]], cores: int, asked: str, threads: int
+) -> None:
+    models = [ModelConfig(name=f"m{i}", devices=d) for i, d in enumerate(devices)]
+    assert torch_threads_for(models, cores, asked) == threads
+
+
+def test_an_operator_omp_num_threads_is_kept() -> None:
+    assert parse_settings(["--instances", "2"], {"OMP_NUM_THREADS": "2"}).torch_threads == 2
+    assert parse_settings(["--instances", "2"], {}).torch_threads >= 1
