@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = ROOT / "load_test_results" / "overload-server.log"
     server_args = ["--timeout-ms", str(args.deadline_ms), *args.server_args]
     with ServerProcess(server_args, cwd=ROOT, log_path=log) as server:
-        pid = server._proc.pid if server._proc else 0
+        pid = server.pid
         target = Target.parse(server.url)
         warm = LoadSpec(payloads=payloads, concurrency=64, duration=2.0)
         asyncio.run(run_load(target, warm))
