@@ -35,6 +35,9 @@ __all__ = ["BatchEvents", "Batcher", "InstanceLost", "Job", "Request", "RunBatch
 
 logger = logging.getLogger("batching")
 
+#: Admit a request only if its predicted wait, times this, fits before its deadline.
+ADMISSION_MARGIN = 2.0
+
 #: Runs one batch on an instance: inputs in, one output per input out, plus seconds computed.
 RunBatch = Callable[[list[Any]], Awaitable[tuple[Sequence[Any], float]]]
 
@@ -200,6 +203,8 @@ class Batcher:
         self._formation = asyncio.Lock()
         self.queued_items = 0
         self.busy_instances = 0
+        #: Items in batches running on instances now.
+        self.running_items = 0
         self.instances = 0
         self.ready_instances = 0
         self.throughput = _Throughput()
@@ -270,10 +275,12 @@ class Batcher:
                 f"model {self.name!r} is overloaded: {depth} items queued",
                 retry_after=self._retry_after(depth, capacity),
             )
-        # The work ahead of this request, at the measured rate, must fit in its deadline;
-        # otherwise it would wait only to time out, so say no now while a retry can help.
-        expected = (depth + count) / capacity
-        if depth > 0 and expected > time_left:
+        # The work ahead of this request (queued and running), at the measured rate, must
+        # fit in its deadline with room to spare: the rate is an estimate, and a request let
+        # in at the margin would only wait to time out. Saying no now lets a retry succeed.
+        ahead = depth + self.running_items
+        expected = (ahead + count) / capacity
+        if ahead > 0 and expected * ADMISSION_MARGIN > time_left:
             self.events.rejected("deadline")
             raise Overloaded(
                 f"model {self.name!r} cannot serve this request before its deadline: "
@@ -461,6 +468,8 @@ class Batcher:
             started = loop.time()
             queue_wait = started - min(job.request.enqueued_at for job in jobs)
             self.busy_instances += 1
+            running = sum(job.size for job in jobs)
+            self.running_items += running
             try:
                 items, tokens, compute_s = await self._run_isolating_errors(run, jobs)
             except (InstanceLost, asyncio.CancelledError):
@@ -472,6 +481,7 @@ class Batcher:
                 raise
             finally:
                 self.busy_instances -= 1
+                self.running_items -= running
             self.events.batch_done(items, tokens, reason, queue_wait, compute_s)
 
     async def _run_isolating_errors(

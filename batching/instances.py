@@ -247,6 +247,24 @@ def load_and_warm(
     return InstanceInfo(loaded - started, warmed - loaded, len(batches), metadata)
 
 
+#: How much lower than the event loop the model's threads run (Linux nice increments).
+MODEL_NICENESS = 5
+
+
+def yield_cpu_to_the_server() -> None:
+    """Lower the calling thread's CPU priority below the event loop's.
+
+    On a machine whose cores the model's threads fill, the web layer would otherwise queue
+    behind them: under overload the answers that say "no" (503) would take as long as the
+    ones that compute. At a lower priority the model gets every cycle the event loop does not
+    need. The model's own worker threads are created later by this thread, and inherit it.
+    """
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), MODEL_NICENESS)
+    except (AttributeError, OSError):  # not Linux, or not permitted: run at normal priority
+        pass
+
+
 def predict_timed(model: Model, inputs: list[Any]) -> tuple[Sequence[Any], float]:
     """Run one batch; return the outputs and the seconds the model took."""
     started = time.perf_counter()
@@ -286,7 +304,7 @@ class ThreadInstance:
         self._warmup = warmup
         self._model: Model | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=name
+            max_workers=1, thread_name_prefix=name, initializer=yield_cpu_to_the_server
         )
 
     async def start(self, max_batch_size: int) -> InstanceInfo:
@@ -509,6 +527,7 @@ def _child_main() -> None:
     # Ctrl-C reaches the whole process group; the parent decides when its children end, and
     # one traceback per child would bury the server's own shutdown lines.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    yield_cpu_to_the_server()
     try:
         factory, device, index, warmup, max_batch_size = pickle.loads(_read_frame(requests))
     except EOFError:

@@ -104,13 +104,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--deadline-ms", type=float, default=2000.0, help="the server's --timeout-ms"
     )
     parser.add_argument("--json", type=Path, help="write the report here")
+    parser.add_argument(
+        "--server-cmd",
+        default="{python} server.py",
+        help="how to start the server ({python} is this interpreter); run from the project root",
+    )
     parser.add_argument("server_args", nargs="*", help="after --: flags for server.py")
     args = parser.parse_args(argv)
 
     payloads = build_payloads(api="plain", items=(1, 1), count=1024, seed=1)
     log = ROOT / "load_test_results" / "overload-server.log"
     server_args = ["--timeout-ms", str(args.deadline_ms), *args.server_args]
-    with ServerProcess(server_args, cwd=ROOT, log_path=log) as server:
+    with ServerProcess(
+        server_args, command=args.server_cmd, cwd=ROOT, log_path=log
+    ) as server:
         pid = server.pid
         target = Target.parse(server.url)
         warm = LoadSpec(payloads=payloads, concurrency=64, duration=2.0)
@@ -139,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     duration=args.duration,
                     # A request that gets no answer within 3 deadlines is counted as hung.
                     timeout=3 * args.deadline_ms / 1000,
-                    max_connections=1024,
+                    max_connections=4096,
                 ),
             )
         )

@@ -302,6 +302,7 @@ def test_cancelled_requests_never_reach_the_model() -> None:
 def test_an_expired_request_is_answered_504_and_never_computed() -> None:
     async def main() -> None:
         batcher, events = make_batcher()
+        batcher.throughput.per_instance = 1e6  # admission expects it in time; the model is slow
         runner = ScriptedRunner(cost=lambda n: 10 * MS)
         task = serve(batcher, runner)
         blocker = await occupy(batcher, runner)
@@ -362,10 +363,11 @@ def test_a_request_that_cannot_be_served_before_its_deadline_is_refused_at_admis
         batcher.throughput.per_instance = 100.0  # items per second
         for i in range(50):
             batcher.submit([i], deadline=FAR)
-        # 50 items ahead at 100 items/s is 0.5 s: a 0.2 s deadline cannot be met.
+        # 50 items ahead at 100 items/s is 0.5 s; admission wants twice that before the
+        # deadline, so 0.8 s is refused and 1.1 s admitted.
         with pytest.raises(Overloaded, match="before its deadline"):
-            batcher.submit(["hurry"], deadline=0.2)
-        batcher.submit(["patient"], deadline=1.0)
+            batcher.submit(["hurry"], deadline=0.8)
+        batcher.submit(["patient"], deadline=1.1)
         assert events.rejections == ["deadline"]
 
     run_virtual(main)
