@@ -35,6 +35,10 @@ __all__ = ["BatchEvents", "Batcher", "InstanceLost", "Job", "Request", "RunBatch
 
 logger = logging.getLogger("batching")
 
+#: With a token cap, a batch takes inputs at most this many times longer or shorter than its
+#: oldest one: mixing lengths further apart costs more padding than a batch of its own.
+LENGTH_SPREAD = 2.0
+
 #: Admit a request only if its predicted wait, times this, fits before its deadline.
 ADMISSION_MARGIN = 2.0
 
@@ -441,6 +445,11 @@ class Batcher:
         for index in sorted(left, key=lambda i: abs(_longest(pool[i]) - length)):
             if batch.full:
                 break
+            other = _longest(pool[index])
+            if max(other, length) > LENGTH_SPREAD * max(1, min(other, length)):
+                # A short text in a long batch costs the long one's padding: it waits for a
+                # batch of its own length (at the latest, the one it is the oldest of).
+                continue
             rest = batch.take(pool[index])
             if rest is None:
                 del left[index]

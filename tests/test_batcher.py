@@ -476,3 +476,24 @@ def test_a_stopped_collector_returns_the_jobs_it_was_gathering() -> None:
         await finish(second)
 
     run_virtual(main)
+
+
+def test_lengths_far_apart_are_not_mixed_even_when_the_batch_has_room() -> None:
+    async def main() -> None:
+        batcher, _ = make_batcher(max_batch_size=8, max_batch_tokens=10_000)
+        runner = ScriptedRunner(cost=lambda n: 1 * MS)
+        task = serve(batcher, runner)
+        blocker = batcher.submit(["busy"], deadline=FAR, tokens=[5])
+        await runner.started.wait()
+        futures = [
+            batcher.submit(["S0"], deadline=FAR, tokens=[16]),
+            batcher.submit(["L0"], deadline=FAR, tokens=[256]),
+            batcher.submit(["M0"], deadline=FAR, tokens=[30]),
+            batcher.submit(["L1"], deadline=FAR, tokens=[200]),
+        ]
+        await asyncio.gather(blocker, *futures)
+        # Room for 8, but 256- and 200-token texts would pad the short ones 10x.
+        assert [inputs for _, inputs in runner.batches] == [["busy"], ["S0", "M0"], ["L0", "L1"]]
+        await finish(task)
+
+    run_virtual(main)
