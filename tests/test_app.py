@@ -245,3 +245,12 @@ async def test_the_app_serves_mounted_inside_another_starlette_app() -> None:
             response = await client.post("/ml/", json={"inputs": ["inside"]})
     assert response.status_code == 200
     assert response.json()["outputs"] == [{"input": "inside", "length": 6}]
+
+
+async def test_once_a_model_is_ready_the_collector_no_longer_walks_it() -> None:
+    import gc
+
+    gc.unfreeze()
+    async with serving(app_with(EchoModel())):
+        assert gc.get_freeze_count() > 0
+    gc.unfreeze()
