@@ -271,11 +271,6 @@ class Service:
         self.metrics.request_latency.labels(deployment.name).observe(elapsed)
 
 
-def _is_text_model(deployment: Deployment) -> bool:
-    inputs = deployment.metadata.get("inputs") or []
-    return bool(inputs) and inputs[0].get("datatype") == "BYTES"
-
-
 def create_app(
     models: ModelConfig | Sequence[ModelConfig] | None = None,
     *,
@@ -342,7 +337,7 @@ def create_app(
             deadline = service.deadline_of(request, deployment)
             body = await service.read(request)
             inputs = parse_inputs(body, request.headers.get("content-type", ""))
-            if _is_text_model(deployment):
+            if deployment.takes_text:
                 check_texts(inputs)
             outputs = await service.infer(request, deployment, inputs, deadline)
             if outputs is None:
@@ -395,5 +390,4 @@ def create_app(
     )
     app.add_middleware(RequestIdMiddleware)
     app.state.service = service
-    app.state.deployments = service.models.by_name
     return app

@@ -112,6 +112,12 @@ class Deployment:
         return await asyncio.to_thread(lambda: [counter(item) for item in inputs])
 
     @property
+    def takes_text(self) -> bool:
+        """Whether the model's first input is BYTES (text), as its metadata says."""
+        inputs = self.metadata.get("inputs") or []
+        return bool(inputs) and inputs[0].get("datatype") == "BYTES"
+
+    @property
     def ready(self) -> bool:
         return self.batcher.ready_instances > 0 and not self.batcher.draining
 

@@ -279,7 +279,31 @@ def predict_timed(model: Model, inputs: list[Any]) -> tuple[Sequence[Any], float
     return outputs, time.perf_counter() - started
 
 
-class ThreadInstance:
+class _Instance:
+    """What every instance kind holds: its model's factory, device, index and warm-up plan,
+    and the one thread that does its blocking work, at a lower CPU priority than the event
+    loop (for a thread instance it computes; for a process instance it waits on the pipe)."""
+
+    def __init__(
+        self,
+        factory: ModelFactory,
+        device: str,
+        name: str,
+        *,
+        index: int = 0,
+        warmup: WarmupPlan | None = None,
+    ) -> None:
+        self.device = device
+        self.name = name
+        self.index = index
+        self._factory = factory
+        self._warmup = warmup or WarmupPlan()
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=name, initializer=yield_cpu_to_the_server
+        )
+
+
+class ThreadInstance(_Instance):
     """A model copy driven by one dedicated OS thread.
 
     torch releases the GIL while it computes, so instances on threads run batches in
@@ -297,15 +321,8 @@ class ThreadInstance:
         index: int = 0,
         warmup: WarmupPlan | None = None,
     ) -> None:
-        self.device = device
-        self.name = name
-        self.index = index
-        self._factory = factory
-        self._warmup = warmup
+        super().__init__(factory, device, name, index=index, warmup=warmup)
         self._model: Model | None = None
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=name, initializer=yield_cpu_to_the_server
-        )
 
     async def start(self, max_batch_size: int) -> InstanceInfo:
         loop = asyncio.get_running_loop()
@@ -331,7 +348,7 @@ class ThreadInstance:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-class ProcessInstance:
+class ProcessInstance(_Instance):
     """A model copy in its own child process, for models that hold the GIL.
 
     The child is a fresh interpreter (``python -c``, the same executable), never a ``fork``
@@ -359,17 +376,10 @@ class ProcessInstance:
         index: int = 0,
         warmup: WarmupPlan | None = None,
     ) -> None:
-        self.device = device
-        self.name = name
-        self.index = index
-        self._factory = factory
-        self._warmup = warmup or WarmupPlan()
+        super().__init__(factory, device, name, index=index, warmup=warmup)
         self._lock = threading.Lock()
         self._closed = False
         self._process: subprocess.Popen[bytes] | None = None
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=name
-        )
 
     @property
     def pid(self) -> int | None:

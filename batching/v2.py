@@ -192,8 +192,7 @@ def v2_routes(service: Any) -> list[Route]:
             items = rows_from_tensor(tensor)
             if not items:
                 raise InvalidRequest(f"input {tensor.name!r} has no items")
-            text_model = deployment.metadata.get("inputs", [{}])[0].get("datatype") == "BYTES"
-            if text_model:
+            if deployment.takes_text:
                 if tensor.datatype != "BYTES":
                     raise UnprocessableInput(
                         f"model {deployment.name!r} takes BYTES (text) input, got {tensor.datatype}"
