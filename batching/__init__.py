@@ -1,6 +1,13 @@
-"""Dynamic batching for transformers/torch models served over HTTP."""
+"""Dynamic batching for transformers/torch models served over HTTP.
 
-from .app import create_app
+The public names are importable from here. :func:`create_app` (and with it the web stack) is
+imported on first use, so ``import batching.core`` does not load Starlette.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from .config import BatchingConfig, ModelConfig
 from .errors import (
     BatchingError,
@@ -15,7 +22,10 @@ from .errors import (
     Unavailable,
     UnprocessableInput,
 )
-from .model import DEFAULT_MODEL_NAME, Model
+from .models import DEFAULT_MODEL_NAME, Model, ModelBase, ModelSource
+
+if TYPE_CHECKING:
+    from .http.app import create_app
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -26,8 +36,10 @@ __all__ = [
     "InferenceFailed",
     "InvalidRequest",
     "Model",
+    "ModelBase",
     "ModelConfig",
     "ModelNotFound",
+    "ModelSource",
     "NotReady",
     "Overloaded",
     "PayloadTooLarge",
@@ -35,3 +47,11 @@ __all__ = [
     "UnprocessableInput",
     "create_app",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "create_app":
+        from .http.app import create_app
+
+        return create_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

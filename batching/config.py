@@ -1,71 +1,18 @@
-"""Configuration value objects, validated once at construction (never at request time)."""
+"""What to serve: one model's configuration, validated (and its source parsed) once at
+construction, never at request time."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-__all__ = ["BatchingConfig", "ModelConfig"]
+from batching.core.config import POLICIES, BatchingConfig
+from batching.models.source import ModelSource
 
-POLICIES = ("fixed", "adaptive")
+__all__ = ["INSTANCE_KINDS", "POLICIES", "WARMUP_DATA", "BatchingConfig", "ModelConfig"]
+
 INSTANCE_KINDS = ("thread", "process")
 #: Where warm-up inputs come from: the model's own samples, zeros, random data or a file.
 WARMUP_DATA = ("model", "zero", "random", "file")
-
-
-@dataclass(frozen=True, slots=True)
-class BatchingConfig:
-    """How one model's requests are queued, batched and admitted.
-
-    Times are in seconds. Names follow Triton's, which operators already know.
-    """
-
-    #: Most items in one batch; a request with more is split across consecutive batches.
-    max_batch_size: int = 32
-    #: Longest a forming batch waits for more items, from its oldest job's enqueue time.
-    max_queue_delay: float = 0.002
-    #: Batch sizes that go out at once while the window is still open (Triton's semantics).
-    preferred_batch_sizes: tuple[int, ...] = ()
-    #: Cap on padded tokens (items x longest input) per batch, for text models; None: no cap.
-    max_batch_tokens: int | None = None
-    #: "fixed" (the window above) or "adaptive" (a window chosen from traffic and batch cost).
-    policy: str = "fixed"
-    #: The adaptive policy's latency budget: waiting never pushes a batch past it.
-    max_latency: float = 0.1
-    #: Most items waiting in the queue; past it requests get 503 at once.
-    max_queue_size: int = 2048
-    #: The breaker, once open, closes again when the queue falls to this fraction of its bound.
-    queue_close_ratio: float = 0.5
-    #: Default deadline of a request; a request may only lower it.
-    timeout: float = 30.0
-    #: Most items one request may carry.
-    max_items_per_request: int = 1024
-
-    def __post_init__(self) -> None:
-        if self.max_batch_size < 1:
-            raise ValueError("max_batch_size must be >= 1")
-        if not (0 <= self.max_queue_delay < self.timeout):
-            raise ValueError("max_queue_delay must be >= 0 and below timeout")
-        for size in self.preferred_batch_sizes:
-            if not 1 <= size <= self.max_batch_size:
-                raise ValueError(
-                    f"preferred_batch_sizes: {size} is not between 1 and max_batch_size "
-                    f"({self.max_batch_size})"
-                )
-        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
-            raise ValueError("max_batch_tokens must be >= 1")
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {self.policy!r}")
-        if not self.max_latency > 0:
-            raise ValueError("max_latency must be > 0")
-        if self.max_queue_size < 1:
-            raise ValueError("max_queue_size must be >= 1")
-        if not 0 <= self.queue_close_ratio <= 1:
-            raise ValueError("queue_close_ratio must be between 0 and 1")
-        if not (self.timeout > 0 and math.isfinite(self.timeout)):
-            raise ValueError("timeout must be a positive number of seconds")
-        if self.max_items_per_request < 1:
-            raise ValueError("max_items_per_request must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +38,23 @@ class ModelConfig:
     warmup_data: str = "model"
     #: With ``warmup_data="file"``: a UTF-8 file holding one input per line.
     warmup_file: str | None = None
+    #: ``source`` and ``task`` parsed (at construction, once); pass one already parsed to
+    #: skip the parse.
+    spec: ModelSource | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.spec is None:
+            # Raises ModelSourceError (a ValueError) naming what is wrong and how to fix it.
+            object.__setattr__(self, "spec", ModelSource.parse(self.source, self.task))
+        self._validate()
+
+    @property
+    def model_source(self) -> ModelSource:
+        """The parsed ``source`` and ``task``."""
+        assert self.spec is not None  # set by __post_init__
+        return self.spec
+
+    def _validate(self) -> None:
         if not self.name or "/" in self.name:
             raise ValueError(f"name: {self.name!r} must be non-empty and contain no '/'")
         if not self.devices:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from batching.runtime.deployment import Deployment
+
 __all__ = ["Metrics", "ModelEvents"]
 
 _LATENCY_BUCKETS = tuple(0.0005 * 2**i for i in range(16))  # 0.5 ms .. ~16 s
@@ -23,7 +25,7 @@ class Metrics:
 
     def __init__(
         self, registry: CollectorRegistry | None = None, max_batch_size: int = 1024
-    ):
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -107,6 +109,14 @@ class Metrics:
 
     def for_model(self, model: str) -> ModelEvents:
         return ModelEvents(self, model)
+
+    def observe_deployment(self, deployment: Deployment) -> None:
+        """Set the gauges that describe ``deployment`` now (at the scrape)."""
+        batcher = deployment.batcher
+        self.queue_depth.labels(deployment.name).set(batcher.queued_items)
+        self.instances_ready.labels(deployment.name).set(batcher.ready_instances)
+        if deployment.warmup_s:
+            self.warmup.labels(deployment.name).set(deployment.warmup_s[-1])
 
 
 class ModelEvents:

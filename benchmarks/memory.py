@@ -2,7 +2,7 @@
 
 For each setting, starts ``python server.py``, waits until every instance is ready, sends a
 few batches of maximum-length text so the allocator reaches its working size, and reads the
-RSS of the server process and of each child process (process instances) from /proc.
+RSS of the server process and of each child process (process instances) with psutil.
 
     python benchmarks/memory.py
 """
@@ -18,6 +18,8 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
+from load_test.metrics_scrape import parse_samples  # noqa: E402
+from load_test.procstat import child_pids, rss_bytes  # noqa: E402
 from load_test.serverproc import ServerProcess  # noqa: E402
 
 SETTINGS = {
@@ -29,24 +31,14 @@ SETTINGS = {
 
 
 def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def children(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
-        found += [int(child) for child in text]
-    return found
+    """Resident memory of a process in MB (2**20 bytes); 0 for one that is gone."""
+    return (rss_bytes(pid) or 0) / 2**20
 
 
 def instances_ready(client: httpx.Client, url: str) -> int:
-    for line in client.get(f"{url}/metrics").text.splitlines():
-        if line.startswith("batching_instances_ready{"):
-            return int(float(line.rsplit(" ", 1)[1]))
+    for name, _, value in parse_samples(client.get(f"{url}/metrics").text):
+        if name == "batching_instances_ready":
+            return int(value)
     return 0
 
 
@@ -57,9 +49,10 @@ def main() -> int:
     for name, flags in SETTINGS.items():
         wanted = int(flags[1])
         log = ROOT / "load_test_results" / "memory-server.log"
-        with ServerProcess(flags, cwd=ROOT, log_path=log) as server, httpx.Client(
-            timeout=120
-        ) as client:
+        with (
+            ServerProcess(flags, cwd=ROOT, log_path=log) as server,
+            httpx.Client(timeout=120) as client,
+        ):
             deadline = time.monotonic() + 300
             while instances_ready(client, server.url) < wanted:
                 if time.monotonic() > deadline:
@@ -69,7 +62,7 @@ def main() -> int:
                 client.post(server.url, json={"inputs": [long_text] * 32})
             assert server.pid is not None
             own = rss_mb(server.pid)
-            kids = [rss_mb(child) for child in children(server.pid)]
+            kids = [rss_mb(child) for child in child_pids(server.pid)]
             print(
                 f"| {name} | {own:.0f} | {' + '.join(f'{k:.0f}' for k in kids) or '-'} | "
                 f"{own + sum(kids):.0f} |",

@@ -1,6 +1,6 @@
 """How fast the server says no when the model is not computing: the web stack alone.
 
-Starts ``python server.py`` with a model that holds its only instance (``tests.models:
+Starts ``python server.py`` with a model that holds its only instance (``tests.support.models:
 GatedModel``) and a queue of 4, so every request but the first few is refused with 503, then
 sends Poisson arrivals at ``--rate`` for ``--seconds`` and prints the 503 latency. Set beside
 ``python -m load_test.overload``, whose refusals compete with a busy model for the CPU, it
@@ -36,7 +36,14 @@ def main() -> int:
     args = parser.parse_args()
     payloads = build_payloads(api="plain", items=(1, 1), count=256, seed=1)
     log = ROOT / "load_test_results" / "rejections-server.log"
-    flags = ["--model", "tests.models:GatedModel", "--max-queue-size", "4", "--timeout-ms", "3000"]
+    flags = [
+        "--model",
+        "tests.support.models:GatedModel",
+        "--max-queue-size",
+        "4",
+        "--timeout-ms",
+        "3000",
+    ]
     with ServerProcess(flags, cwd=ROOT, log_path=log) as server:
         # One request takes the instance and never comes back; the queue fills behind it.
         with httpx.Client(timeout=0.2) as client:

@@ -31,6 +31,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from load_test.http1 import ConnectionPool, build_request  # noqa: E402
+from load_test.metrics_scrape import parse_samples  # noqa: E402
 from load_test.serverproc import ServerProcess  # noqa: E402
 
 SUBJECTS = ["The cat", "A scientist", "My neighbour", "The old train", "A small robot", "Anna"]
@@ -104,11 +105,11 @@ def batch_stats(port: int) -> tuple[float, float]:
 
     text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
     total = count = 0.0
-    for line in text.splitlines():
-        if line.startswith("batching_batch_size_items_sum"):
-            total = float(line.rsplit(" ", 1)[1])
-        elif line.startswith("batching_batch_size_items_count"):
-            count = float(line.rsplit(" ", 1)[1])
+    for name, _labels, value in parse_samples(text):
+        if name == "batching_batch_size_items_sum":
+            total += value
+        elif name == "batching_batch_size_items_count":
+            count += value
     return total, count
 
 
@@ -122,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import torch
 
-    from batching.hf import SentenceEmbedder
+    from batching.models.sentence import SentenceEmbedder
 
     texts = sentences(600)
     model = SentenceEmbedder()
@@ -142,9 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             before = batch_stats(server.port)
             result["server_c1"] = asyncio.run(closed_loop(server.port, 1, args.seconds, texts))
             middle = batch_stats(server.port)
-            result["server_c64"] = asyncio.run(
-                closed_loop(server.port, 64, args.seconds, texts)
-            )
+            result["server_c64"] = asyncio.run(closed_loop(server.port, 64, args.seconds, texts))
             after = batch_stats(server.port)
             result["mean_batch_c1"] = (middle[0] - before[0]) / max(1.0, middle[1] - before[1])
             result["mean_batch_c64"] = (after[0] - middle[0]) / max(1.0, after[1] - middle[1])

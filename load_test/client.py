@@ -31,7 +31,7 @@ import orjson
 
 from load_test.http1 import ConnectionPool, HttpProtocol, Response, StaleConnection, build_request
 from load_test.payloads import PayloadSet
-from load_test.procstat import machine_ticks, tree_cpu_seconds
+from load_test.procstat import machine_cpu_seconds, tree_cpu_seconds
 from load_test.schedule import Segment, arrivals, expected_count
 from load_test.stats import CONNECTION_ERROR, INVALID, TIMEOUT
 
@@ -387,7 +387,7 @@ class _Runner:
 
     async def run(self) -> RunResult:
         spec = self.spec
-        busy_before = machine_ticks()
+        busy_before = machine_cpu_seconds()
         server_before = tree_cpu_seconds(self.server_pid) if self.server_pid else None
         cpu_before = time.process_time()
         self.start = time.monotonic()
@@ -410,7 +410,7 @@ class _Runner:
         cpu_s = time.process_time() - cpu_before
         if self.progress is not None:
             self.progress(self.records, end - self.start)
-        busy_after = machine_ticks()
+        busy_after = machine_cpu_seconds()
         server_after = tree_cpu_seconds(self.server_pid) if self.server_pid else None
         machine = None
         if busy_before and busy_after and busy_after[1] > busy_before[1]:

@@ -270,13 +270,8 @@ def triton_table(rows: Sequence[dict[str, Any]]) -> str:
             speedup = f"x{on['items_per_s'] / off['items_per_s']:.2f}"
         cells: list[Any] = [n]
         for r in (off, on):
-            cells += [
-                _fmt(r and r["requests_per_s"]),
-                _fmt(r and r["items_per_s"]),
-                _fmt(r and r["p50_ms"]),
-                _fmt(r and r["p99_ms"]),
-                _fmt(r and r["mean_batch"]),
-            ]
+            figures = ("requests_per_s", "items_per_s", "p50_ms", "p99_ms", "mean_batch")
+            cells += [_fmt(r[key] if r else None) for key in figures]
         cells.append(speedup)
         table_rows.append(cells)
     headers = ["items/req"]

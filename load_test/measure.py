@@ -57,7 +57,7 @@ class _Bar:
     """A tqdm bar fed from the run's periodic progress hook, never per request."""
 
     def __init__(self, spec: LoadSpec, label: str) -> None:
-        from tqdm import tqdm
+        from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
 
         if spec.requests is not None:
             total: float = spec.requests

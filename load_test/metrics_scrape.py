@@ -1,7 +1,7 @@
 """The batch sizes the server formed, from its Prometheus ``/metrics`` before and after a run.
 
-Only the text exposition format is parsed, and only what a histogram needs: samples with
-labels (quoted, with escapes), comments skipped, optional timestamps ignored.
+The text exposition format is parsed by ``prometheus_client``'s parser; of a histogram only
+the ``_bucket``, ``_sum`` and ``_count`` samples are used, and timestamps are ignored.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 __all__ = [
     "BATCH_METRIC",
@@ -33,54 +35,15 @@ class Histogram:
     count: float
 
 
-def _unescape(value: str) -> str:
-    return value.replace("\\n", "\n").replace('\\"', '"').replace("\\\\", "\\")
-
-
-def _parse_labels(text: str) -> dict[str, str]:
-    labels: dict[str, str] = {}
-    i = 0
-    while i < len(text):
-        while i < len(text) and text[i] in " ,":
-            i += 1
-        if i >= len(text):
-            break
-        eq = text.index("=", i)
-        name = text[i:eq].strip()
-        if text[eq + 1] != '"':
-            raise ValueError(f"label {name!r} value is not quoted")
-        j = eq + 2
-        chunk = []
-        while text[j] != '"':
-            if text[j] == "\\":
-                chunk.append(text[j : j + 2])
-                j += 2
-            else:
-                chunk.append(text[j])
-                j += 1
-        labels[name] = _unescape("".join(chunk))
-        i = j + 1
-    return labels
-
-
 def parse_samples(text: str) -> Iterator[tuple[str, dict[str, str], float]]:
-    """Yield ``(metric name, labels, value)`` for each sample line of an exposition."""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        brace = line.find("{")
-        if brace >= 0:
-            close = line.rindex("}")
-            name = line[:brace].strip()
-            labels = _parse_labels(line[brace + 1 : close])
-            rest = line[close + 1 :].split()
-        else:
-            name, *rest = line.split()
-            labels = {}
-        if not rest:
-            continue
-        yield name, labels, float(rest[0])
+    """Yield ``(metric name, labels, value)`` for each sample line of an exposition.
+
+    Parsed by :func:`prometheus_client.parser.text_string_to_metric_families`; a malformed
+    line raises :class:`ValueError`.
+    """
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            yield sample.name, dict(sample.labels), float(sample.value)
 
 
 def _series_key(labels: dict[str, str]) -> str:

@@ -33,6 +33,7 @@ from load_test.client import (
     run_load,
 )
 from load_test.payloads import build_payloads
+from load_test.procstat import rss_bytes
 from load_test.schedule import Segment
 from load_test.serverproc import ServerProcess
 from load_test.stats import percentile
@@ -47,11 +48,11 @@ TARGETS = {
 
 
 def rss_mb(pid: int) -> float:
-    """Resident memory of a process, from /proc (Linux)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+    """Resident memory of a process, in MB (2**20 bytes)."""
+    rss = rss_bytes(pid)
+    if rss is None:
+        raise RuntimeError(f"no resident memory reading for pid {pid}")
+    return rss / 2**20
 
 
 def outcome_table(result: RunResult) -> dict[str, Any]:
@@ -115,10 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     payloads = build_payloads(api="plain", items=(1, 1), count=1024, seed=1)
     log = ROOT / "load_test_results" / "overload-server.log"
     server_args = ["--timeout-ms", str(args.deadline_ms), *args.server_args]
-    with ServerProcess(
-        server_args, command=args.server_cmd, cwd=ROOT, log_path=log
-    ) as server:
+    with ServerProcess(server_args, command=args.server_cmd, cwd=ROOT, log_path=log) as server:
         pid = server.pid
+        assert pid is not None  # the with block started the server
         target = Target.parse(server.url)
         warm = LoadSpec(payloads=payloads, concurrency=64, duration=2.0)
         asyncio.run(run_load(target, warm))

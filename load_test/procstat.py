@@ -1,66 +1,99 @@
-"""CPU use of the whole machine and of a process tree, read from Linux's /proc.
+"""CPU use and resident memory of the whole machine and of process trees, read with psutil.
 
 The tool runs beside the server on the same few cores; these readings tell apart "the server
 was busy", "the tool was busy" and "something else on the machine was busy", which a latency
-number cannot. Elsewhere than Linux every reading is None and the checks that need it are
-skipped.
+number cannot. A reading psutil cannot take (the process is gone, or not ours to inspect)
+is None, and the checks that need it are skipped.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+import psutil
 
-__all__ = ["machine_ticks", "tree_cpu_seconds"]
+__all__ = [
+    "child_pids",
+    "machine_cpu_seconds",
+    "rss_bytes",
+    "tree_cpu_seconds",
+    "tree_rss_bytes",
+]
 
-_PROC = Path("/proc")
 
+def machine_cpu_seconds() -> tuple[float, float] | None:
+    """(busy, total) CPU seconds of all cores since boot.
 
-def machine_ticks() -> tuple[int, int] | None:
-    """(busy, total) CPU ticks of all cores since boot, from /proc/stat."""
+    Idle and I/O wait count as not busy. Guest time is left out of the total, as the kernel
+    already counts it in user and nice time.
+    """
     try:
-        with open(_PROC / "stat", "rb") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
+        times = psutil.cpu_times()
+    except (psutil.Error, OSError):
         return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return sum(fields) - idle, sum(fields)
+    fields = times._asdict()
+    total = sum(fields.values()) - fields.get("guest", 0.0) - fields.get("guest_nice", 0.0)
+    idle = fields["idle"] + fields.get("iowait", 0.0)
+    return total - idle, total
 
 
-def _stat(pid: int) -> tuple[int, float] | None:
-    """(parent pid, user+system CPU seconds) of one process."""
+def _tree(pid: int) -> list[psutil.Process] | None:
+    """The process ``pid`` followed by its live descendants, or None if it is gone."""
     try:
-        raw = (_PROC / str(pid) / "stat").read_bytes()
-    except OSError:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
         return None
-    # The command name is in parentheses and may hold spaces: split after its last ')'.
-    fields = raw[raw.rindex(b")") + 2 :].split()
-    ticks = int(fields[11]) + int(fields[12])
-    return int(fields[1]), ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(process: psutil.Process) -> float:
+    """User + system CPU seconds of one process (not of its reaped children); 0 if gone."""
+    try:
+        times = process.cpu_times()
+    except psutil.Error:
+        return 0.0
+    return times.user + times.system
 
 
 def tree_cpu_seconds(pid: int) -> float | None:
     """CPU seconds used so far by ``pid`` and its live descendants (model instance processes)."""
-    root = _stat(pid)
-    if root is None:
+    tree = _tree(pid)
+    if tree is None:
         return None
-    parents: dict[int, list[int]] = {}
-    cpu: dict[int, float] = {pid: root[1]}
     try:
-        entries = [int(p.name) for p in _PROC.iterdir() if p.name.isdigit()]
-    except OSError:
-        return root[1]
-    for child in entries:
-        if child == pid:
-            continue
-        stat = _stat(child)
-        if stat is not None:
-            parents.setdefault(stat[0], []).append(child)
-            cpu[child] = stat[1]
-    total = 0.0
-    stack = [pid]
-    while stack:
-        current = stack.pop()
-        total += cpu.get(current, 0.0)
-        stack.extend(parents.get(current, []))
+        root = tree[0].cpu_times()
+    except psutil.Error:
+        return None
+    return root.user + root.system + sum(_cpu_seconds(child) for child in tree[1:])
+
+
+def rss_bytes(pid: int) -> int | None:
+    """Resident memory of one process, in bytes, or None if it cannot be read."""
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return None
+
+
+def child_pids(pid: int, *, recursive: bool = False) -> list[int]:
+    """The pids of the children of ``pid`` (all descendants if ``recursive``); [] if gone."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=recursive)]
+    except psutil.Error:
+        return []
+
+
+def tree_rss_bytes(pid: int) -> int | None:
+    """Resident memory of ``pid`` plus its live descendants, in bytes (shared pages counted
+    once per process), or None if ``pid`` cannot be read."""
+    tree = _tree(pid)
+    if tree is None:
+        return None
+    try:
+        total = int(tree[0].memory_info().rss)
+    except psutil.Error:
+        return None
+    for child in tree[1:]:
+        try:
+            total += int(child.memory_info().rss)
+        except psutil.Error:
+            continue  # exited since it was listed
     return total

@@ -1,6 +1,7 @@
 """AdaptivePolicy: table-driven decisions, estimator fits, bound properties and a simulation.
 
-Everything runs on synthetic timestamps; nothing reads a clock or sleeps.
+Everything runs on synthetic timestamps; nothing reads a clock or sleeps. The simulation
+drives the real batcher on a virtual-time event loop (``tests/support/sim.py``).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batching.adaptive import AdaptivePolicy
-from batching.policy import FixedPolicy, Formation
-from tests.sim import SimResult, linear_cost, simulate
+from batching.core.adaptive import AdaptivePolicy
+from batching.core.policy import FixedPolicy, Formation
+from tests.support.sim import SimResult, linear_cost, simulate
 
 A = 0.005
 B = 0.0017
@@ -488,15 +489,22 @@ SIM_JOBS = 20_000
 SIM_WARMUP = 1_000
 
 
-def run(policy: FixedPolicy | AdaptivePolicy, ceiling: float, **load: Any) -> SimResult:
+def run(
+    policy: FixedPolicy | AdaptivePolicy,
+    ceiling: float,
+    *,
+    jobs: int = SIM_JOBS,
+    warmup_jobs: int = SIM_WARMUP,
+    **load: Any,
+) -> SimResult:
     return simulate(
         policy,
         max_queue_delay=ceiling,
         max_batch_size=MAX_BATCH,
         cost=COST,
-        jobs=SIM_JOBS,
+        jobs=jobs,
         seed=7,
-        warmup_jobs=SIM_WARMUP,
+        warmup_jobs=warmup_jobs,
         **load,
     )
 
@@ -510,17 +518,46 @@ def compare(**load: Any) -> dict[str, SimResult]:
 
 
 def test_simulator_serves_a_lone_client_at_batch_cost() -> None:
-    result = run(FixedPolicy(0.0), 0.0, clients=1, think_s=0.001)
+    think_s = 0.001
+    result = run(FixedPolicy(0.0), 0.0, jobs=2_000, warmup_jobs=100, clients=1, think_s=think_s)
+    assert result.jobs == 1_900
     assert result.mean_latency_s == pytest.approx(COST(1))
+    assert result.p99_latency_s == pytest.approx(COST(1))
     assert result.mean_batch_items == 1.0
+    # One request in flight at a time: the next is sent think_s after each answer.
+    assert result.throughput_per_s == pytest.approx(1 / (COST(1) + think_s))
+
+
+@pytest.mark.parametrize("instances", [1, 2])
+def test_simulator_fills_batches_and_keeps_every_instance_busy_under_a_backlog(
+    instances: int,
+) -> None:
+    # Far more clients than one batch holds: each instance runs full batches back to back.
+    result = run(
+        FixedPolicy(0.005),
+        0.005,
+        jobs=4_000,
+        warmup_jobs=500,
+        clients=4 * MAX_BATCH * instances,
+        instances=instances,
+    )
+    assert result.mean_batch_items == pytest.approx(MAX_BATCH, rel=0.02)
+    assert result.throughput_per_s == pytest.approx(instances * CAPACITY, rel=0.02)
 
 
 @pytest.mark.parametrize(
-    ("load", "rate"),
-    [("light", 20.0), ("medium", 0.7 * CAPACITY), ("heavy", 1.1 * CAPACITY)],
+    ("load", "rate", "jobs"),
+    [
+        # Light traffic: one batch per job, nothing queues; fewer jobs say as much, faster.
+        ("light", 20.0, 5_000),
+        ("medium", 0.7 * CAPACITY, SIM_JOBS),
+        ("heavy", 1.1 * CAPACITY, SIM_JOBS),
+    ],
 )
-def test_simulated_mean_latency_matches_the_better_fixed_window(load: str, rate: float) -> None:
-    results = compare(rate_per_s=rate)
+def test_simulated_mean_latency_matches_the_better_fixed_window(
+    load: str, rate: float, jobs: int
+) -> None:
+    results = compare(rate_per_s=rate, jobs=jobs)
     best = min(results["fixed 0 ms"].mean_latency_s, results["fixed 5 ms"].mean_latency_s)
     # 2 % covers sampling noise between policies that batch slightly differently.
     assert results["adaptive"].mean_latency_s <= best * 1.02, (load, results)

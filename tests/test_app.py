@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -15,39 +15,10 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
-from batching import BatchingConfig, ModelConfig, create_app
-from tests.models import EchoModel, GatedModel, SlowLoadModel
+from tests.support.asgi import app_with, echo_config, serving, wait_until_ready
+from tests.support.models import EchoModel, GatedModel, SlowLoadModel
 
 pytestmark = pytest.mark.anyio
-
-
-def echo_config(name: str = "echo", **batching: Any) -> ModelConfig:
-    return ModelConfig(name=name, batching=BatchingConfig(**batching))
-
-
-@contextlib.asynccontextmanager
-async def serving(
-    app: Starlette, *, wait_ready: bool = True
-) -> AsyncIterator[httpx.AsyncClient]:
-    async with LifespanManager(app, startup_timeout=30) as manager:
-        transport = httpx.ASGITransport(app=manager.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            if wait_ready:
-                await wait_until_ready(client)
-            yield client
-
-
-async def wait_until_ready(client: httpx.AsyncClient) -> None:
-    for _ in range(2000):
-        if (await client.get("/v2/health/ready")).status_code == 200:
-            return
-        await asyncio.sleep(0.005)  # polling a probe, as any orchestrator does
-    raise AssertionError("never became ready")
-
-
-def app_with(model: Any, config: ModelConfig | None = None, **kwargs: Any) -> Starlette:
-    builder: Callable[[ModelConfig], Any] = lambda _: model  # noqa: E731
-    return create_app(config or echo_config(), builder=builder, **kwargs)
 
 
 async def test_plain_text_body_answers_one_output() -> None:
@@ -143,9 +114,7 @@ async def test_a_request_past_its_deadline_is_504() -> None:
     async with serving(app_with(model)) as client:
         holder = asyncio.ensure_future(client.post("/", content=b"holds the instance"))
         await asyncio.to_thread(model.entered.wait, 10)
-        late = await client.post(
-            "/", content=b"waits", headers={"x-request-timeout-ms": "50"}
-        )
+        late = await client.post("/", content=b"waits", headers={"x-request-timeout-ms": "50"})
         assert late.status_code == 504
         assert "deadline" in late.json()["error"]
         model.gate.set()
@@ -172,6 +141,8 @@ async def test_overload_is_503_with_retry_after() -> None:
             ) >= 0:
                 break
             await asyncio.sleep(0.002)
+        else:
+            raise AssertionError("the two queued items never showed in the queue depth")
         refused = await client.post("/", content=b"one too many")
         assert refused.status_code == 503
         assert int(refused.headers["retry-after"]) >= 1
@@ -231,9 +202,7 @@ async def test_the_app_serves_mounted_inside_another_starlette_app() -> None:
     async def home(request: Request) -> PlainTextResponse:
         return PlainTextResponse("host app")
 
-    host = Starlette(
-        routes=[Route("/", home), Mount("/ml", app=inference)], lifespan=lifespan
-    )
+    host = Starlette(routes=[Route("/", home), Mount("/ml", app=inference)], lifespan=lifespan)
     async with LifespanManager(host) as manager:
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
@@ -242,15 +211,8 @@ async def test_the_app_serves_mounted_inside_another_starlette_app() -> None:
                 if (await client.get("/ml/v2/health/ready")).status_code == 200:
                     break
                 await asyncio.sleep(0.005)
+            else:
+                raise AssertionError("the mounted app never became ready")
             response = await client.post("/ml/", json={"inputs": ["inside"]})
     assert response.status_code == 200
     assert response.json()["outputs"] == [{"input": "inside", "length": 6}]
-
-
-async def test_once_a_model_is_ready_the_collector_no_longer_walks_it() -> None:
-    import gc
-
-    gc.unfreeze()
-    async with serving(app_with(EchoModel())):
-        assert gc.get_freeze_count() > 0
-    gc.unfreeze()

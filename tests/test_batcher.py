@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from batching.batcher import Batcher, InstanceLost
 from batching.config import BatchingConfig
+from batching.core.batcher import Batcher, InstanceLost
+from batching.core.policy import FixedPolicy
 from batching.errors import DeadlineExceeded, InferenceFailed, NotReady, Overloaded, PayloadTooLarge
-from batching.policy import FixedPolicy
-from tests.fakes import ScriptedRunner, at, run_virtual
+from tests.support.fakes import ScriptedRunner, at, run_virtual
 
 MS = 0.001
 FAR = math.inf

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from batching.cli import build_parser, parse_settings, torch_threads_for
 from batching.config import ModelConfig
+from batching.settings.cli import build_parser, parse_settings, torch_threads_for
 
 FLAGS = [
     "--host",
@@ -108,6 +110,29 @@ def test_torch_threads_share_the_cores_among_instances(
     assert torch_threads_for(models, cores, asked) == threads
 
 
-def test_an_operator_omp_num_threads_is_kept() -> None:
-    assert parse_settings(["--instances", "2"], {"OMP_NUM_THREADS": "2"}).torch_threads == 2
-    assert parse_settings(["--instances", "2"], {}).torch_threads >= 1
+@pytest.mark.parametrize(
+    ("argv", "environ", "cores", "threads"),
+    [
+        # auto: the machine's cores shared among the instances.
+        (["--instances", "2"], {}, 8, 4),
+        (["--instances", "2"], {}, 2, 1),
+        (["--instances", "3"], {}, 8, 2),
+        ([], {}, 6, 6),
+        # An operator's OMP_NUM_THREADS wins over auto, even where auto would differ.
+        (["--instances", "2"], {"OMP_NUM_THREADS": "3"}, 8, 3),
+        (["--instances", "2"], {"OMP_NUM_THREADS": "3"}, 2, 3),
+        # ... but not over an explicit --torch-threads, nor when it is not a number.
+        (["--instances", "2", "--torch-threads", "5"], {"OMP_NUM_THREADS": "3"}, 8, 5),
+        (["--instances", "2"], {"OMP_NUM_THREADS": "many"}, 8, 4),
+    ],
+)
+def test_parse_settings_shares_the_machines_cores_unless_the_operator_chose(
+    argv: list[str],
+    environ: dict[str, str],
+    cores: int,
+    threads: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # parse_settings reads the core count itself: pin it, so no result depends on this machine.
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    assert parse_settings(argv, environ).torch_threads == threads

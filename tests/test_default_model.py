@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from batching import create_app
-from tests.servers import running
+from tests.support.servers import running
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

@@ -9,17 +9,11 @@ import httpx
 import pytest
 
 from batching import BatchingConfig, ModelConfig, create_app
-from tests.models import EchoModel, GatedModel, MortalModel
-from tests.servers import running
+from tests.support.metrics import sample
+from tests.support.models import EchoModel, GatedModel, MortalModel
+from tests.support.servers import running
 
 pytestmark = pytest.mark.anyio
-
-
-def _sample(metrics: str, name: str) -> float:
-    for line in metrics.splitlines():
-        if line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 async def test_jobs_of_clients_that_hang_up_never_reach_the_model() -> None:
@@ -43,7 +37,7 @@ async def test_jobs_of_clients_that_hang_up_never_reach_the_model() -> None:
             # The server has seen every hang-up once it has answered them 499 (to nobody).
             for _ in range(1000):
                 metrics = (await patient.get("/metrics")).text
-                if _sample(metrics, 'batching_requests_total{code="499",model="gated"}') == 10:
+                if sample(metrics, "batching_requests_total", 0.0, code="499", model="gated") == 10:
                     break
                 await asyncio.sleep(0.01)
             else:
@@ -56,7 +50,7 @@ async def test_jobs_of_clients_that_hang_up_never_reach_the_model() -> None:
     computed = [item for batch in model.batches for item in batch]
     assert sorted(computed) == sorted(["holder", *(f"kept{i}" for i in range(10))])
     assert len(computed) < 21  # 21 submitted, the 10 abandoned ones never computed
-    assert _sample(metrics, 'batching_dropped_items_total{model="gated",reason="cancelled"}') == 10
+    assert sample(metrics, "batching_dropped_items_total", model="gated", reason="cancelled") == 10
 
 
 async def test_a_dead_instance_fails_its_batch_fast_restarts_and_serves_again() -> None:
@@ -71,6 +65,8 @@ async def test_a_dead_instance_fails_its_batch_fast_restarts_and_serves_again() 
                 if (await client.get("/v2/health/ready")).status_code == 200:
                     break
                 await asyncio.sleep(0.01)
+            else:
+                raise AssertionError("the restarted instance never became ready")
             after = await client.post("/", content=b"alive")
     assert after.status_code == 200
     assert MortalModel.loads == 2
@@ -95,9 +91,11 @@ async def test_a_poisoned_request_fails_alone_while_its_batch_mates_succeed() ->
             futures = [asyncio.ensure_future(client.post("/", content=t.encode())) for t in texts]
             for _ in range(1000):
                 metrics = (await client.get("/metrics")).text
-                if _sample(metrics, 'batching_queue_depth_items{model="picky"}') == len(texts):
+                if sample(metrics, "batching_queue_depth_items", 0.0, model="picky") == len(texts):
                     break
                 await asyncio.sleep(0.005)
+            else:
+                raise AssertionError(f"the {len(texts)} requests were never all queued")
             model.gate.set()
             answers = {text: await future for text, future in zip(texts, futures, strict=True)}
             await holder

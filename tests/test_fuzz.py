@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from batching import BatchingConfig, ModelConfig, create_app
-from tests.models import EchoModel
+from tests.support.models import EchoModel
 
 ENDPOINTS = [
     ("POST", "/"),
@@ -45,8 +45,9 @@ CONTENT_TYPES = [
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=12,
 )
 bodies = st.one_of(
@@ -63,9 +64,7 @@ bodies = st.one_of(
         st.lists(st.integers(-2, 5), max_size=3),
     ),
 )
-header_values = st.text(
-    alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=20
-)
+header_values = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=20)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Tests for batching.hf on tiny randomly initialised BERTs, plus one test on the real default.
+"""The transformers-backed models (batching.models) on tiny randomly initialised BERTs, plus
+one test on the real default.
 
 The tiny models are written to a temporary folder once per module, so every test runs offline
 and in milliseconds; only :func:`test_default_model_matches_sentence_transformers` loads real
@@ -22,10 +23,11 @@ import pytest
 import torch
 import transformers
 
-from batching import hf
-from batching.hf import PipelineModel, SentenceEmbedder, build_model, resolve_device
-from batching.model import Model
-from tests.models import EchoModel
+from batching.models import DEFAULT_MODEL_NAME, Model, ModelSource
+from batching.models._torch import resolve_device
+from batching.models.pipeline import PipelineModel
+from batching.models.sentence import SentenceEmbedder
+from tests.support.models import EchoModel
 
 WORDS = [
     *("the", "a", "cat", "dog", "sat", "on", "mat", "is", "good", "bad", "movie", "very"),
@@ -395,17 +397,21 @@ def test_resolve_device(monkeypatch: pytest.MonkeyPatch, embedder: SentenceEmbed
         resolve_device("cuda:1")
 
 
-# --- build_model -----------------------------------------------------------------------------
+# --- ModelSource: --model and --task, parsed once, then built ---------------------------------
+
+
+def build_model(model: str | None, task: str | None) -> Model:
+    return ModelSource.parse(model, task).build()
 
 
 def test_build_model_dispatch(folders: dict[str, Path]) -> None:
     default = build_model(None, None)
-    assert isinstance(default, SentenceEmbedder) and default.name == hf.DEFAULT_MODEL_NAME
+    assert isinstance(default, SentenceEmbedder) and default.name == DEFAULT_MODEL_NAME
     pipeline = build_model(str(folders["classifier"]), "text-classification")
     assert isinstance(pipeline, PipelineModel) and pipeline.task == "text-classification"
     sentence = build_model(str(folders["st"]), None)
     assert isinstance(sentence, SentenceEmbedder) and sentence.path == folders["st"]
-    user = build_model("tests.models:EchoModel", None)
+    user = build_model("tests.support.models:EchoModel", None)
     assert type(user) is EchoModel and isinstance(user, Model)
 
 
@@ -414,11 +420,11 @@ def test_build_model_dispatch(folders: dict[str, Path]) -> None:
     [
         ("base", None, "--task"),
         (None, "fill-mask", "--model"),
-        ("tests.models:EchoModel", "fill-mask", "--task"),
-        ("tests.models:NoSuchModel", None, "NoSuchModel"),
+        ("tests.support.models:EchoModel", "fill-mask", "--task"),
+        ("tests.support.models:NoSuchModel", None, "NoSuchModel"),
         ("no_such_package.sub:Model", None, "no_such_package"),
         ("collections:OrderedDict", None, "predict"),
-        ("batching.hf:PipelineModel", None, "no arguments"),
+        ("batching.models.pipeline:PipelineModel", None, "no arguments"),
         ("missing/folder", None, "neither"),
         ("vocab.txt", None, "is a file"),
         ("base", "no-such-task", "supported tasks"),

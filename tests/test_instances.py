@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,24 +20,24 @@ import httpx
 import pytest
 
 from batching import BatchingConfig, ModelConfig, create_app
-from batching.batcher import InstanceLost
-from batching.instances import (
+from batching.core.jobs import InstanceLost
+from batching.runtime.deployment import instance_factory_for
+from batching.runtime.process import ProcessInstance
+from batching.runtime.threads import ThreadInstance
+from batching.runtime.warmup import (
     DEFAULT_WARMUP_WORDS,
-    ProcessInstance,
-    ThreadInstance,
     WarmupPlan,
-    instance_factory_for,
     load_and_warm,
     warmup_inputs_for,
 )
-from batching.repository import load_repository
-from tests.models import EchoModel
-from tests.process_models import PidModel
-from tests.test_app import serving, wait_until_ready
+from batching.settings.repository import load_repository
+from tests.support.asgi import serving, wait_until_ready
+from tests.support.models import EchoModel
+from tests.support.process_models import PidModel
 
 pytestmark = pytest.mark.anyio
 
-PID_MODEL = "tests.process_models:PidModel"
+PID_MODEL = "tests.support.process_models:PidModel"
 
 
 # ------------------------------------------------------------------------ warm-up plans
@@ -188,14 +189,23 @@ def test_the_instance_index_reaches_a_load_that_declares_it() -> None:
         assert model.device == "cpu"
 
 
-def test_the_config_picks_the_instance_kind_and_hands_over_index_and_warmup() -> None:
+async def test_the_config_picks_the_instance_kind_and_hands_over_index_and_warmup() -> None:
+    model = SampledModel()
+    thread = ModelConfig(name="t", warmup_data="zero", warmup_batch_sizes=(2,))
+    made = instance_factory_for(thread, 1)(lambda: model, "cpu", "t-1")
+    assert isinstance(made, ThreadInstance)
+    try:
+        info = await made.start(4)
+    finally:
+        made.close()
+    # The configured plan ran (one batch of 2 zero-data texts, not the model's own samples),
+    # and the model was told the instance's index.
+    assert (made.index, model.index) == (1, 1)
+    assert model.batches == [["", ""]] and info.warmup_batches == 1
+
     def factory() -> EchoModel:
         return EchoModel()
 
-    thread = ModelConfig(name="t", warmup_data="zero", warmup_batch_sizes=(2,))
-    made = instance_factory_for(thread, 1)(factory, "cpu", "t-1")
-    assert isinstance(made, ThreadInstance)
-    assert (made.index, made._warmup) == (1, WarmupPlan((2,), "zero"))
     process = ModelConfig(name="p", instance_kind="process")
     made_process = instance_factory_for(process, 2)(factory, "cpu", "p-2")
     assert isinstance(made_process, ProcessInstance) and made_process.index == 2
@@ -296,6 +306,8 @@ async def test_a_failing_warmup_sample_fails_the_load_with_a_clear_log_line(
                 if any("failed to load" in record.message for record in caplog.records):
                     break
                 await asyncio.sleep(0.005)  # polling the log, the only probe of a failure
+            else:
+                raise AssertionError("the load failure was never logged")
             assert (await client.get("/v2/health/ready")).status_code == 503
     (line,) = [record.message for record in caplog.records if "failed to load" in record.message]
     assert "model cold instance 0 failed to load" in line
@@ -412,21 +424,32 @@ async def test_a_process_instance_reports_death_and_warmup_failures_and_closes(
     instance = ProcessInstance(PidModel, "cuda:1", "p-0", index=1)
     info = await instance.start(4)
     assert info.metadata["inputs"][0]["datatype"] == "BYTES"
+    pid = instance.pid
+    assert pid is not None and pid != os.getpid()
+    called = time.perf_counter()
     outputs, seconds = await instance.run(["a", "b"])
-    assert [(o["input"], o["device"], o["index"]) for o in outputs] == [
-        ("a", "cuda:1", 1),
-        ("b", "cuda:1", 1),
+    round_trip = time.perf_counter() - called
+    assert [(o["input"], o["device"], o["index"], o["pid"]) for o in outputs] == [
+        ("a", "cuda:1", 1, pid),
+        ("b", "cuda:1", 1, pid),
     ]
-    assert seconds >= 0
+    # The child times predict alone: positive, and within the parent's whole round trip.
+    assert 0 < seconds < round_trip
     with pytest.raises(ValueError, match="refuses"):
         await instance.run(["fail"])
     with pytest.raises(InstanceLost, match="SystemExit"):
         await instance.run(["exit"])
-    process = instance._process
-    assert process is not None
     instance.close()
-    assert await asyncio.to_thread(process.wait, 10) is not None
-    with pytest.raises(InstanceLost):
+    # The child is killed (if its SystemExit had not ended it already) and reaped.
+    for _ in range(2000):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        await asyncio.sleep(0.005)  # polling the child's process id: the only probe
+    else:
+        raise AssertionError(f"the instance process {pid} was still there after close()")
+    with pytest.raises(InstanceLost, match="closed"):
         await instance.run(["closed"])
 
     warmup = tmp_path / "warmup.txt"
@@ -458,8 +481,8 @@ def test_the_child_does_not_run_the_parents_main_script(tmp_path: Path) -> None:
         textwrap.dedent(
             f"""
             import asyncio
-            from batching.instances import ProcessInstance
-            from tests.process_models import PidModel
+            from batching.runtime.process import ProcessInstance
+            from tests.support.process_models import PidModel
 
             with open({str(runs)!r}, "a") as log:
                 log.write("run\\n")
@@ -504,6 +527,8 @@ async def test_a_gpu_group_without_cuda_fails_the_load_with_a_clear_message(
                 if any("failed to load" in record.message for record in caplog.records):
                     break
                 await asyncio.sleep(0.005)  # polling the log, the only probe of a failure
+            else:
+                raise AssertionError("the load failure was never logged")
             assert (await client.get("/v2/health/ready")).status_code == 503
     (line,) = [record.message for record in caplog.records if "failed to load" in record.message]
     assert "model minilm instance 0 failed to load" in line

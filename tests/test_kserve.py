@@ -11,18 +11,18 @@ import tritonclient.http as triton
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batching.errors import InvalidRequest, UnprocessableInput
-from batching.kserve import (
+from batching.codecs.kserve import (
     DATATYPES,
     InferRequest,
     InferTensor,
     RequestedOutput,
     datatype_of,
-    encode_infer_response,
-    parse_infer_request,
     rows_from_tensor,
     tensor_from_rows,
 )
+from batching.codecs.kserve_request import parse_infer_request
+from batching.codecs.kserve_response import encode_infer_response
+from batching.errors import InvalidRequest, UnprocessableInput
 
 # One sample per datatype, holding each type's extremes where it has them.
 SAMPLES: dict[str, np.ndarray] = {

@@ -11,16 +11,17 @@ from pathlib import Path
 import pytest
 
 from batching import BatchingConfig, ModelConfig, create_app
-from batching.cli import parse_settings
-from batching.model import DEFAULT_MODEL_NAME
-from batching.repository import RepositoryError, load_repository
-from tests.test_app import serving
+from batching.models import DEFAULT_MODEL_NAME
+from batching.settings.cli import parse_settings
+from batching.settings.repository import RepositoryError, load_repository
+from tests.support.asgi import serving
+from tests.support.metrics import sample
 
 ROOT = Path(__file__).resolve().parents[1]
 
 FULL = """\
 name = "echo"
-source = "tests.models:EchoModel"
+source = "tests.support.models:EchoModel"
 version = 3
 max_batch_size = 2
 
@@ -48,7 +49,7 @@ data = "zero"
 
 FULL_CONFIG = ModelConfig(
     name="echo",
-    source="tests.models:EchoModel",
+    source="tests.support.models:EchoModel",
     devices=("cpu", "cpu"),
     instance_kind="process",
     version="3",
@@ -67,7 +68,7 @@ FULL_CONFIG = ModelConfig(
     warmup_data="zero",
 )
 
-COST = 'source = "tests.models:CostModel"\nmax_batch_size = 8\n'
+COST = 'source = "tests.support.models:CostModel"\nmax_batch_size = 8\n'
 
 
 def make_repository(root: Path, models: dict[str, str]) -> Path:
@@ -83,7 +84,9 @@ def test_a_directory_holds_one_model_per_folder_in_folder_order(tmp_path: Path) 
     cost, echo = load_repository(root)
     assert echo == FULL_CONFIG
     assert cost == ModelConfig(
-        name="a-cost", source="tests.models:CostModel", batching=BatchingConfig(max_batch_size=8)
+        name="a-cost",
+        source="tests.support.models:CostModel",
+        batching=BatchingConfig(max_batch_size=8),
     )
 
 
@@ -94,7 +97,7 @@ def test_a_single_file_holds_one_table_per_model_in_file_order(tmp_path: Path) -
 [models.cost]
 {COST}
 [models.echo]
-source = "tests.models:EchoModel"
+source = "tests.support.models:EchoModel"
 version = 3
 max_batch_size = 2
 
@@ -125,7 +128,7 @@ data = "zero"
     assert echo == FULL_CONFIG
     assert (cost.name, cost.source, cost.batching.max_batch_size) == (
         "cost",
-        "tests.models:CostModel",
+        "tests.support.models:CostModel",
         8,
     )
 
@@ -149,9 +152,13 @@ def test_sources_resolve_against_the_models_folder(tmp_path: Path) -> None:
             "absolute": f"source = {str(tmp_path / 'elsewhere')!r}\n",
         },
     )
-    (root / "hf" / "config.json").write_text("{}", encoding="utf-8")
-    (root / "weights" / "weights").mkdir()
-    (tmp_path / "elsewhere").mkdir()
+    # What each folder must hold to be served: a config.json, and a modules.json where no
+    # task says what the model does (a sentence-transformers folder).
+    for folder in (root / "hf", root / "weights" / "weights", tmp_path / "elsewhere"):
+        folder.mkdir(exist_ok=True)
+        (folder / "config.json").write_text("{}", encoding="utf-8")
+    for folder in (root / "hf", tmp_path / "elsewhere"):
+        (folder / "modules.json").write_text("[]", encoding="utf-8")
     absolute, hf, weights = load_repository(root)
     assert hf.source == str((root / "hf").resolve())  # the folder is the model
     assert (weights.source, weights.task) == (
@@ -215,7 +222,7 @@ BAD_CONFIGS = [
     ('version = ""\n', "version: must be a non-empty string without '/', got \"\""),
     ("source = 3\n", "source: must be a non-empty string, got 3"),
     ('source = "no/such/folder"\n', 'source: must be "default", a model folder (looked for'),
-    ('source = "no_such_module_xyz:Model"\n', "source: no module 'no_such_module_xyz' can be"),
+    ('source = "no_such_module_xyz:Model"\n', "source: cannot import module 'no_such_module_xyz'"),
     ('task = "fill-mask"\n', 'task: applies only when source is a model folder, got "fill-mask"'),
     ("dynamic_batching = 3\n", "dynamic_batching: must be a table ([dynamic_batching]), got 3"),
     (
@@ -477,13 +484,6 @@ def test_a_bad_repository_stops_the_server_with_one_line_and_no_traceback(tmp_pa
 # ------------------------------------------------------------------- two models, one app
 
 
-def _sample(metrics: str, name: str) -> float:
-    for line in metrics.splitlines():
-        if line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    raise KeyError(name)
-
-
 @pytest.mark.anyio
 async def test_two_models_from_one_repository_batch_by_their_own_settings(
     tmp_path: Path,
@@ -491,7 +491,7 @@ async def test_two_models_from_one_repository_batch_by_their_own_settings(
     root = make_repository(
         tmp_path / "models",
         {
-            "first": 'source = "tests.models:EchoModel"\nmax_batch_size = 2\n',
+            "first": 'source = "tests.support.models:EchoModel"\nmax_batch_size = 2\n',
             "second": COST + "[queue_policy]\nmax_items_per_request = 3\n",
         },
     )
@@ -507,16 +507,16 @@ async def test_two_models_from_one_repository_batch_by_their_own_settings(
     assert [out["input"] for out in default.json()["outputs"]] == ["a", "b", "c", "d", "e"]
     assert too_many.status_code == 413  # second's own queue policy; first took 4 at once
     # first split 5 + 4 items into batches of at most 2; second ran its 3 items at once.
-    assert _sample(metrics, 'batching_batch_size_items_count{model="first"}') == 5
-    assert _sample(metrics, 'batching_batch_size_items_sum{model="first"}') == 9
-    assert _sample(metrics, 'batching_batch_size_items_count{model="second"}') == 1
+    assert sample(metrics, "batching_batch_size_items_count", model="first") == 5
+    assert sample(metrics, "batching_batch_size_items_sum", model="first") == 9
+    assert sample(metrics, "batching_batch_size_items_count", model="second") == 1
 
 
 def test_the_documented_example_repository_parses(tmp_path: Path) -> None:
     # docs/model-repository.md shows a complete config.toml; it must stay valid.
     text = (ROOT / "docs" / "model-repository.md").read_text(encoding="utf-8")
     example = text.split("```toml\n", 1)[1].split("```", 1)[0]
-    example = example.replace('source = "default"', 'source = "tests.models:EchoModel"')
+    example = example.replace('source = "default"', 'source = "tests.support.models:EchoModel"')
     (model,) = load_repository(make_repository(tmp_path / "models", {"minilm": example}))
     assert model.name == "minilm"
     assert isinstance(model, ModelConfig)

@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.servers import free_port
+from tests.support.metrics import sample
+from tests.support.servers import free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -27,7 +28,7 @@ async def test_sigterm_finishes_every_accepted_request_and_exits_in_bounded_time
             sys.executable,
             "server.py",
             "--model",
-            "tests.models:CostModel",
+            "tests.support.models:CostModel",
             "--port",
             str(port),
             "--max-batch-size",
@@ -59,13 +60,12 @@ async def test_sigterm_finishes_every_accepted_request_and_exits_in_bounded_time
             ]
             for _ in range(500):
                 metrics = (await client.get("/metrics")).text
-                if "batching_batch_size_items_count" in metrics and any(
-                    line.startswith('batching_queue_depth_items{model="CostModel"}')
-                    and float(line.rsplit(" ", 1)[1]) >= 16
-                    for line in metrics.splitlines()
-                ):
+                ran = sample(metrics, "batching_batch_size_items_count", 0.0, model="CostModel")
+                if ran and sample(metrics, "batching_queue_depth_items", model="CostModel") >= 16:
                     break
                 await asyncio.sleep(0.01)
+            else:
+                raise AssertionError("the queue never held 16 items behind a running batch")
             signalled = time.monotonic()
             process.send_signal(signal.SIGTERM)
             responses = await asyncio.gather(*futures, return_exceptions=True)

@@ -13,7 +13,7 @@ import tritonclient.http.aio as triton_aio
 from tritonclient.utils import InferenceServerException
 
 from batching import BatchingConfig, ModelConfig, create_app
-from tests.servers import running
+from tests.support.servers import running
 
 pytestmark = pytest.mark.anyio
 
@@ -29,10 +29,10 @@ async def server_url() -> AsyncIterator[str]:
     models = [
         ModelConfig(
             name="vectors",
-            source="tests.models:VectorModel",
+            source="tests.support.models:VectorModel",
             batching=BatchingConfig(max_batch_size=8),
         ),
-        ModelConfig(name="echo", source="tests.models:EchoModel", version="3"),
+        ModelConfig(name="echo", source="tests.support.models:EchoModel", version="3"),
     ]
     async with running(create_app(models)) as url:
         yield url
@@ -122,7 +122,11 @@ async def test_echo_outputs_come_back_as_json_strings(server_url: str) -> None:
     ("body", "status", "fragment"),
     [
         ({"inputs": []}, 400, "must not be empty"),
-        ({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["a"]}]}, 400, ""),
+        (
+            {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["a"]}]},
+            400,
+            "'data' has 1 elements but the shape needs 2",
+        ),
         (
             {"inputs": [{"name": "pixels", "datatype": "BYTES", "shape": [1], "data": ["a"]}]},
             400,
@@ -172,7 +176,9 @@ async def test_model_config_and_ready_endpoints(server_url: str) -> None:
 @pytest.mark.parametrize("binary", [False, True])
 async def test_a_numeric_model_takes_typed_tensors(binary: bool) -> None:
     config = ModelConfig(
-        name="sum", source="tests.models:SumModel", batching=BatchingConfig(max_batch_size=4)
+        name="sum",
+        source="tests.support.models:SumModel",
+        batching=BatchingConfig(max_batch_size=4),
     )
     async with running(create_app(config)) as url:
         client = triton_aio.InferenceServerClient(url.removeprefix("http://"))

@@ -1,0 +1,91 @@
+"""The plain protocol: a text body, or JSON ``{"inputs": ...}``, in; ``{"outputs": [...]}`` out.
+
+``curl -d "some text"`` sends ``application/x-www-form-urlencoded``; a user typing that means
+text, so only an explicit JSON content type, or a body that is a JSON object with an
+``inputs`` key, is read as JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from batching.errors import InvalidRequest, UnprocessableInput
+
+__all__ = ["check_texts", "encode_outputs", "parse_inputs"]
+
+
+def parse_inputs(body: bytes, content_type: str) -> list[Any]:
+    """The request's inputs, one per item, in order.
+
+    :raises InvalidRequest: empty body, bad JSON, not UTF-8, or no usable ``inputs``.
+    """
+    if not body.strip():
+        raise InvalidRequest('the request body is empty: send text, or JSON {"inputs": ...}')
+    media_type = content_type.partition(";")[0].strip().lower()
+    if media_type == "application/json" or media_type.endswith("+json"):
+        return _inputs_from_json(_load_json(body))
+    if media_type in ("", "application/x-www-form-urlencoded") and body.lstrip()[:1] == b"{":
+        try:
+            document = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            document = None
+        if isinstance(document, dict) and "inputs" in document:
+            return _inputs_from_json(document)
+    try:
+        return [body.decode("utf-8")]
+    except UnicodeDecodeError:
+        raise InvalidRequest("the request body is not valid UTF-8 text") from None
+
+
+def _load_json(body: bytes) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+
+
+def _inputs_from_json(document: Any) -> list[Any]:
+    if not isinstance(document, dict):
+        raise InvalidRequest('the JSON body must be an object like {"inputs": ["text", ...]}')
+    if "inputs" not in document:
+        raise InvalidRequest('the JSON body has no "inputs" key')
+    inputs = document["inputs"]
+    if isinstance(inputs, list):
+        if not inputs:
+            raise InvalidRequest('"inputs" is an empty list')
+        return inputs
+    if inputs is None:
+        raise InvalidRequest('"inputs" is null')
+    return [inputs]
+
+
+def check_texts(inputs: list[Any]) -> list[str]:
+    """For text models: every input must be a string.
+
+    :raises UnprocessableInput: naming the first input that is not.
+    """
+    for index, item in enumerate(inputs):
+        if not isinstance(item, str):
+            raise UnprocessableInput(
+                f"inputs[{index}] is {type(item).__name__}; this model takes text strings"
+            )
+    return inputs
+
+
+def encode_outputs(model: str, outputs: list[Any]) -> bytes:
+    """``{"model": ..., "outputs": [...]}``; numpy arrays become lists."""
+    return orjson.dumps(
+        {"model": model, "outputs": outputs},
+        option=orjson.OPT_SERIALIZE_NUMPY,
+        default=_fallback,
+    )
+
+
+def _fallback(value: Any) -> Any:
+    # numpy scalars of types orjson does not know, tuples of arrays, and the like.
+    tolist = getattr(value, "tolist", None)
+    if tolist is not None:
+        return tolist()
+    return str(value)

@@ -1,0 +1,389 @@
+"""Dynamic batching: one asyncio queue per model, one collector per model instance.
+
+Handlers call :meth:`Batcher.submit` on the event loop: it admits the request (or refuses it
+at once), puts one :class:`Job` on the model's ``asyncio.Queue`` and returns a future. Each
+instance has a collector coroutine on the loop: while its instance is free it forms the next
+batch, then hands the batch to the instance's own thread or process and resolves every
+caller's future with exactly its own outputs. Only the event loop ever touches the queue and
+the futures, so nothing here needs a lock shared with another thread.
+
+This module knows nothing of HTTP, torch or Prometheus: instances are callables that run a
+batch, and everything worth counting goes to a :class:`BatchEvents` observer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from typing import Any
+
+from batching.errors import DeadlineExceeded, InferenceFailed, NotReady, PayloadTooLarge
+
+from .admission import Admission, Throughput
+from .config import BatchingConfig
+from .events import BatchEvents, NoEvents
+from .jobs import InstanceLost, Job, Request, RunBatch
+from .packing import LENGTH_SPREAD, Batch, inputs_of, longest, padded_tokens
+from .policy import BatchPolicy, Formation
+
+__all__ = ["BatchEvents", "Batcher", "InstanceLost", "Job", "Request", "RunBatch"]
+
+logger = logging.getLogger("batching")
+
+
+class Batcher:
+    """One model's queue and the collectors that batch it onto the model's instances.
+
+    :param name: the model's name, for logs.
+    :param config: batching and admission settings.
+    :param policy: decides the wait window of each forming batch.
+    :param events: receives counts and timings.
+
+    Time is the running loop's clock; tests drive it with a virtual-time loop.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        config: BatchingConfig,
+        policy: BatchPolicy,
+        events: BatchEvents | None = None,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.policy = policy
+        self.events: BatchEvents = events or NoEvents()
+        self.queue: asyncio.Queue[Job] = asyncio.Queue()
+        # The unserved rest of a split request goes back to the head of the line.
+        self._head: collections.deque[Job] = collections.deque()
+        self._arrival_waiters: list[asyncio.Future[None]] = []
+        self._formation = asyncio.Lock()
+        self.queued_items = 0
+        self.busy_instances = 0
+        #: Items in batches running on instances now.
+        self.running_items = 0
+        self.instances = 0
+        self.ready_instances = 0
+        self.admission = Admission(name, config, self.events)
+        self.draining = False
+        self._preferred = frozenset(config.preferred_batch_sizes)
+
+    # ----------------------------------------------------------------------- loop side: admit
+
+    def submit(
+        self,
+        items: list[Any],
+        *,
+        deadline: float,
+        tokens: list[int] | None = None,
+        request_id: str = "",
+    ) -> asyncio.Future[list[Any]]:
+        """Admit ``items`` as one request and return the future of their outputs, in order.
+
+        :raises PayloadTooLarge: more items than one request may carry.
+        :raises NotReady: no instance is ready, or the server is draining.
+        :raises Overloaded: the queue is full, or cannot be served before ``deadline``.
+        """
+        count = len(items)
+        if count > self.config.max_items_per_request:
+            self.events.rejected("too_large")
+            raise PayloadTooLarge(
+                f"a request may carry at most {self.config.max_items_per_request} items, "
+                f"this one has {count}"
+            )
+        if self.draining:
+            self.events.rejected("not_ready")
+            raise NotReady("the server is shutting down", retry_after=1.0)
+        if self.ready_instances == 0:
+            self.events.rejected("not_ready")
+            raise NotReady(f"model {self.name!r} is not ready", retry_after=1.0)
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self.admission.check(
+            count,
+            queued=self.queued_items,
+            running=self.running_items,
+            instances=self.ready_instances,
+            time_left=deadline - now,
+        )
+        future: asyncio.Future[list[Any]] = loop.create_future()
+        request = Request(
+            items=items,
+            tokens=tokens,
+            future=future,
+            enqueued_at=now,
+            deadline=deadline,
+            request_id=request_id,
+            results=[None] * count,
+            unresolved=count,
+        )
+        self.queue.put_nowait(Job(request, 0, count))
+        self.queued_items += count
+        self.policy.observe_arrival(now, count)
+        self._wake_collectors()
+        return future
+
+    @property
+    def throughput(self) -> Throughput:
+        """The measured items per second of one instance."""
+        return self.admission.throughput
+
+    @property
+    def breaker_open(self) -> bool:
+        return self.admission.breaker_open
+
+    def drain(self) -> None:
+        """Refuse new requests from now on; what is queued is still served."""
+        self.draining = True
+
+    @property
+    def idle(self) -> bool:
+        return self.queued_items == 0 and self.busy_instances == 0
+
+    # --------------------------------------------------------------- loop side: form batches
+
+    def _wake_collectors(self) -> None:
+        waiters, self._arrival_waiters = self._arrival_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _wait_for_arrival(self, within: float) -> None:
+        # Not asyncio.wait_for(queue.get()): on 3.11 it can lose an item that arrives just as
+        # the timeout fires. Waiting for a signal and then taking with get_nowait cannot.
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._arrival_waiters.append(waiter)
+        timer = loop.call_later(within, _resolve, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+
+    def _take_nowait(self) -> Job | None:
+        """The next live job, or None; drops jobs whose caller is gone or too late."""
+        while True:
+            if self._head:
+                job = self._head.popleft()
+            elif not self.queue.empty():
+                job = self.queue.get_nowait()
+            else:
+                return None
+            self.queued_items -= job.size
+            if self._is_live(job):
+                return job
+
+    def _is_live(self, job: Job) -> bool:
+        request = job.request
+        if request.future.done():
+            # Cancelled by a disconnect or a deadline, or failed with another part of it.
+            self.events.dropped("cancelled", job.size)
+            return False
+        if request.deadline <= asyncio.get_running_loop().time():
+            self.events.dropped("deadline", job.size)
+            request.fail(DeadlineExceeded("the request's deadline passed while it was queued"))
+            return False
+        return True
+
+    async def _take(self) -> Job:
+        while True:
+            job = self._take_nowait()
+            if job is not None:
+                return job
+            await self._wait_nonempty()
+
+    async def _wait_nonempty(self) -> None:
+        if not self._head and self.queue.empty():
+            loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._arrival_waiters.append(waiter)
+            await waiter
+
+    async def next_batch(self) -> tuple[list[Job], str]:
+        """Wait for work and form the next batch; returns its jobs and why it was released.
+
+        Reasons: ``full`` (item or token cap), ``preferred_size``, ``deadline`` (the window
+        from the oldest job's enqueue time ran out), ``instance_free`` (nothing else queued:
+        no reason to wait).
+        """
+        async with self._formation:
+            first = await self._take()
+            batch = Batch(self.config.max_batch_size, self.config.max_batch_tokens)
+            self._put_back(batch.take(first))
+            try:
+                reason = await self._collect(batch, first)
+            except asyncio.CancelledError:
+                # The instance is stopping: what it had gathered goes back, in order, for
+                # another instance (or the shutdown) to deal with.
+                for job in reversed(batch.jobs):
+                    self._put_back(job)
+                raise
+            return batch.jobs, reason
+
+    async def _collect(self, batch: Batch, first: Job) -> str:
+        loop = asyncio.get_running_loop()
+        config = self.config
+        group_by_length = config.max_batch_tokens is not None and first.request.tokens is not None
+        backlog = bool(self._head) or not self.queue.empty()
+        oldest = first.request.enqueued_at
+        while True:
+            if group_by_length:
+                closed = self._fill_by_length(batch, longest(first))
+            else:
+                closed = self._fill_in_order(batch)
+            if closed:
+                return "full"
+            if batch.items in self._preferred:
+                return "preferred_size"
+            delay = self.policy.max_delay(
+                Formation(
+                    now=loop.time(),
+                    oldest_enqueued_at=oldest,
+                    batch_items=batch.items,
+                    batch_tokens=batch.tokens,
+                    max_batch_size=config.max_batch_size,
+                    backlog=backlog,
+                    busy_instances=self.busy_instances,
+                    instances=self.instances,
+                )
+            )
+            remaining = oldest + min(delay, config.max_queue_delay) - loop.time()
+            if remaining <= 0:
+                return "deadline" if backlog else "instance_free"
+            await self._wait_for_arrival(remaining)
+
+    def _fill_in_order(self, batch: Batch) -> bool:
+        """Add queued jobs first come, first served; True when the batch can take no more."""
+        while not batch.full:
+            job = self._take_nowait()
+            if job is None:
+                return False
+            rest = batch.take(job)
+            if rest is not None:
+                self._put_back(rest)
+                return True
+        return True
+
+    def _fill_by_length(self, batch: Batch, length: int) -> bool:
+        """Add the queued jobs closest in length to the batch's oldest, so short texts do not
+        pay for a long one's padding. The oldest job is always in the batch, so a long job
+        waits at most until it is the oldest. True when the batch can take no more."""
+        pool: list[Job] = []
+        pooled = 0
+        # Looking further than a few batches ahead buys little and costs a sort per batch.
+        while pooled < 4 * batch.max_items:
+            job = self._take_nowait()
+            if job is None:
+                break
+            pool.append(job)
+            pooled += job.size
+        left: dict[int, Job] = dict(enumerate(pool))
+        for index in sorted(left, key=lambda i: abs(longest(pool[i]) - length)):
+            if batch.full:
+                break
+            other = longest(pool[index])
+            if max(other, length) > LENGTH_SPREAD * max(1, min(other, length)):
+                # A short text in a long batch costs the long one's padding: it waits for a
+                # batch of its own length (at the latest, the one it is the oldest of).
+                continue
+            rest = batch.take(pool[index])
+            if rest is None:
+                del left[index]
+            else:
+                left[index] = rest
+        for index in sorted(left, reverse=True):
+            self._put_back(left[index])
+        return batch.full or bool(left)
+
+    def _put_back(self, job: Job | None) -> None:
+        if job is not None:
+            self._head.appendleft(job)
+            self.queued_items += job.size
+
+    # ----------------------------------------------------------- loop side: run and resolve
+
+    async def serve(self, run: RunBatch) -> None:
+        """The collector of one instance: form a batch, run it, resolve it; forever."""
+        loop = asyncio.get_running_loop()
+        while True:
+            jobs, reason = await self.next_batch()
+            jobs = [job for job in jobs if self._is_live(job)]
+            if not jobs:
+                continue
+            started = loop.time()
+            queue_wait = started - min(job.request.enqueued_at for job in jobs)
+            self.busy_instances += 1
+            running = sum(job.size for job in jobs)
+            self.running_items += running
+            try:
+                items, tokens, compute_s = await self._run_isolating_errors(run, jobs)
+            except (InstanceLost, asyncio.CancelledError):
+                # The instance is gone (or the server stops): these callers must hear now,
+                # not at their deadline.
+                lost = NotReady("the model instance serving this request stopped; retry")
+                for job in jobs:
+                    job.request.fail(lost)
+                raise
+            finally:
+                self.busy_instances -= 1
+                self.running_items -= running
+            self.events.batch_done(items, tokens, reason, queue_wait, compute_s)
+
+    async def _run_isolating_errors(self, run: RunBatch, jobs: list[Job]) -> tuple[int, int, float]:
+        """Run ``jobs`` as one batch; when the model raises, bisect so that only the jobs
+        holding a failing input fail. Returns items, padded tokens and compute seconds."""
+        inputs = inputs_of(jobs)
+        tokens = padded_tokens(jobs)
+        try:
+            outputs, compute_s = await run(inputs)
+        except InstanceLost:
+            raise
+        except Exception as exc:
+            if len(jobs) == 1:
+                job = jobs[0]
+                logger.error(
+                    "model %s failed on request %s: %r",
+                    self.name,
+                    job.request.request_id or "-",
+                    exc,
+                    exc_info=exc,
+                )
+                job.request.fail(InferenceFailed("the model failed on this request's input"))
+                return len(inputs), tokens, 0.0
+            middle = len(jobs) // 2
+            left = await self._run_isolating_errors(run, jobs[:middle])
+            right = await self._run_isolating_errors(run, jobs[middle:])
+            return left[0] + right[0], left[1] + right[1], left[2] + right[2]
+        if len(outputs) != len(inputs):
+            logger.error(
+                "model %s returned %d outputs for %d inputs; failing requests %s",
+                self.name,
+                len(outputs),
+                len(inputs),
+                ",".join(job.request.request_id or "-" for job in jobs),
+            )
+            failure = InferenceFailed("the model returned the wrong number of outputs")
+            for job in jobs:
+                job.request.fail(failure)
+            return len(inputs), tokens, compute_s
+        self.throughput.observe(len(inputs), compute_s)
+        self.policy.observe_batch(len(inputs), tokens, compute_s)
+        offset = 0
+        for job in jobs:
+            job.request.settle(job.start, outputs[offset : offset + job.size])
+            offset += job.size
+        return len(inputs), tokens, compute_s
+
+    def fail_all(self, exc: BaseException) -> None:
+        """Fail everything still queued (shutdown with nothing left to serve it)."""
+        while True:
+            job = self._take_nowait()
+            if job is None:
+                return
+            job.request.fail(exc)
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -1,0 +1,35 @@
+"""What the batcher reports as it works: an observer protocol, so the core imports no metrics
+library; the server's Prometheus families implement it and tests may record it."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+__all__ = ["BatchEvents", "NoEvents"]
+
+
+class BatchEvents(Protocol):
+    """What the batcher reports; metrics implement it, tests may record it."""
+
+    def batch_done(
+        self, items: int, tokens: int, reason: str, queue_wait: float, compute_s: float
+    ) -> None: ...
+
+    def rejected(self, reason: str) -> None: ...
+
+    def dropped(self, reason: str, items: int) -> None: ...
+
+
+class NoEvents:
+    """Discards every event."""
+
+    def batch_done(
+        self, items: int, tokens: int, reason: str, queue_wait: float, compute_s: float
+    ) -> None:
+        return None
+
+    def rejected(self, reason: str) -> None:
+        return None
+
+    def dropped(self, reason: str, items: int) -> None:
+        return None

@@ -1,0 +1,72 @@
+"""What travels through a model's queue: a caller's request and the slices of it (jobs) that
+batches carry, and the callable that runs a batch on an instance."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = ["InstanceLost", "Job", "Outputs", "Request", "RunBatch"]
+
+
+class Outputs(Protocol):
+    """A batch's outputs, one per input, in order: a sequence, or an array whose first axis
+    is the inputs (a numpy array fits without the core importing numpy). The batcher only
+    counts them and hands out slices."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def __getitem__(self, index: slice, /) -> Outputs: ...
+
+
+#: Runs one batch on an instance: inputs in, one output per input out, plus seconds computed.
+RunBatch = Callable[[list[Any]], Awaitable[tuple[Outputs, float]]]
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    """One caller's submission: its items, their results so far, and the future to resolve."""
+
+    items: list[Any]
+    tokens: list[int] | None
+    future: asyncio.Future[list[Any]]
+    enqueued_at: float
+    deadline: float
+    request_id: str = ""
+    results: list[Any] = field(default_factory=list)
+    unresolved: int = 0
+
+    def settle(self, start: int, outputs: Outputs) -> None:
+        """Store the outputs of items ``start...``; resolve the future once all are in."""
+        if self.future.done():
+            return
+        stop = start + len(outputs)
+        self.results[start:stop] = outputs
+        self.unresolved -= stop - start
+        if self.unresolved == 0:
+            self.future.set_result(self.results)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+
+@dataclass(eq=False, slots=True)
+class Job:
+    """A queue entry: the slice ``[start, stop)`` of one request's items."""
+
+    request: Request
+    start: int
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+class InstanceLost(Exception):
+    """Raised by an instance's runner when the instance itself died, not the model's input."""

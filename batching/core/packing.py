@@ -1,0 +1,89 @@
+"""Packing jobs into a batch under the item and padded-token caps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .jobs import Job
+
+__all__ = ["LENGTH_SPREAD", "Batch", "inputs_of", "longest", "padded_tokens"]
+
+#: With a token cap, a batch takes inputs at most this many times longer or shorter than its
+#: oldest one: mixing lengths further apart costs more padding than a batch of its own.
+LENGTH_SPREAD = 2.0
+
+
+class Batch:
+    """A forming batch: jobs whose slices add up to at most the item and token caps."""
+
+    __slots__ = ("jobs", "items", "longest", "max_items", "max_tokens")
+
+    def __init__(self, max_items: int, max_tokens: int | None) -> None:
+        self.jobs: list[Job] = []
+        self.items = 0
+        self.longest = 0
+        self.max_items = max_items
+        self.max_tokens = max_tokens
+
+    @property
+    def tokens(self) -> int:
+        return self.items * self.longest
+
+    @property
+    def full(self) -> bool:
+        if self.items >= self.max_items:
+            return True
+        return self.max_tokens is not None and (self.items + 1) * self.longest >= self.max_tokens
+
+    def take(self, job: Job) -> Job | None:
+        """Add as much of ``job`` as fits; return the part that does not, if any."""
+        room = self.max_items - self.items
+        tokens = job.request.tokens
+        if tokens is not None and self.max_tokens is None:
+            self.longest = max(self.longest, *tokens[job.start : job.start + min(room, job.size)])
+        elif tokens is not None and self.max_tokens is not None:
+            longest, fits = self.longest, 0
+            for index in range(job.start, job.start + min(room, job.size)):
+                candidate = max(longest, tokens[index])
+                # A lone item longer than the cap still runs (truncation bounds it); otherwise
+                # the padded size items x longest must stay under the cap.
+                if self.items + fits > 0 and (self.items + fits + 1) * candidate > self.max_tokens:
+                    break
+                longest, fits = candidate, fits + 1
+            room = fits
+            self.longest = longest
+        if room <= 0:
+            return job
+        if job.size <= room:
+            self.jobs.append(job)
+            self.items += job.size
+            return None
+        head = Job(job.request, job.start, job.start + room)
+        self.jobs.append(head)
+        self.items += room
+        return Job(job.request, job.start + room, job.stop)
+
+
+def inputs_of(jobs: list[Job]) -> list[Any]:
+    if len(jobs) == 1 and jobs[0].size == len(jobs[0].request.items):
+        return jobs[0].request.items
+    out: list[Any] = []
+    for job in jobs:
+        out.extend(job.request.items[job.start : job.stop])
+    return out
+
+
+def longest(job: Job) -> int:
+    tokens = job.request.tokens
+    return max(tokens[job.start : job.stop]) if tokens else 0
+
+
+def padded_tokens(jobs: list[Job]) -> int:
+    longest, count = 0, 0
+    for job in jobs:
+        tokens = job.request.tokens
+        if tokens is None:
+            return 0
+        count += job.size
+        longest = max(longest, max(tokens[job.start : job.stop]))
+    return longest * count

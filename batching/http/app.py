@@ -1,0 +1,153 @@
+"""The HTTP edge: the Starlette app, its lifespan (start and drain the models), health and
+metrics, and the doors (plain and KServe v2) over one data plane."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from batching.config import ModelConfig
+from batching.metrics import Metrics
+from batching.models.default import DEFAULT_MODEL_NAME
+from batching.models.protocol import Model
+from batching.runtime.base import InstanceFactory
+from batching.runtime.deployment import Deployment
+from batching.runtime.warmup import InstanceInfo
+from batching.service import DataPlane, Deployments
+
+from .errors import EXCEPTION_HANDLERS
+from .middleware import RequestIdMiddleware
+from .plain import plain_routes
+from .v2 import v2_routes
+
+__all__ = ["ModelBuilder", "create_app", "default_model_builder"]
+
+logger = logging.getLogger("batching")
+
+#: Builds an unloaded model object for a model's configuration.
+ModelBuilder = Callable[[ModelConfig], Model]
+
+#: Called on the event loop when an instance of a model is loaded and warm.
+OnReady = Callable[[Deployment, int, InstanceInfo], None]
+
+#: Called on the event loop with the reason when an instance of a model cannot load.
+OnLoadFailure = Callable[[Deployment, int, str], None]
+
+
+def default_model_builder(config: ModelConfig) -> Model:
+    """Build a model from the configuration's parsed source (see :class:`ModelSource`)."""
+    return config.model_source.build()
+
+
+class _ConfigFactory:
+    """A picklable zero-argument factory, so process instances can rebuild the model."""
+
+    def __init__(self, builder: ModelBuilder, config: ModelConfig) -> None:
+        self.builder = builder
+        self.config = config
+
+    def __call__(self) -> Model:
+        return self.builder(self.config)
+
+
+def create_app(
+    models: ModelConfig | Sequence[ModelConfig] | None = None,
+    *,
+    builder: ModelBuilder = default_model_builder,
+    instance_factory: InstanceFactory | None = None,
+    max_body_bytes: int = 1 << 20,
+    shutdown_timeout: float = 30.0,
+    registry: CollectorRegistry | None = None,
+    on_ready: OnReady | None = None,
+    on_load_failure: OnLoadFailure | None = None,
+) -> Starlette:
+    """A Starlette app serving ``models`` with dynamic batching.
+
+    :param models: one or several model configurations; None serves the default model
+        (all-MiniLM-L6-v2 sentence embeddings) with default batching.
+    :param builder: builds an unloaded model object from a configuration.
+    :param instance_factory: how instances run (threads by default).
+    :param max_body_bytes: larger request bodies get 413.
+    :param shutdown_timeout: seconds the lifespan shutdown waits for accepted work.
+    :param registry: the Prometheus registry to export; a fresh one by default.
+    :param on_ready: called each time an instance is loaded and warm.
+    :param on_load_failure: called when an instance cannot load; by default the model only
+        stays unready (``/v2/repository/index`` says why).
+
+    The models load in the background once the lifespan starts: ``/v2/health/live`` answers
+    at once, ``/v2/health/ready`` only when every model is loaded and warm. Creating or
+    serving the app changes nothing process-wide (no environment, garbage collector or
+    logging settings): that is for the program that embeds it.
+    """
+    if models is None:
+        configs: list[ModelConfig] = [ModelConfig(name=DEFAULT_MODEL_NAME)]
+    elif isinstance(models, ModelConfig):
+        configs = [models]
+    else:
+        configs = list(models)
+    if not configs:
+        raise ValueError("create_app needs at least one model")
+    names = [config.name for config in configs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"model names must be unique: {names}")
+    largest_batch = max(config.batching.max_batch_size for config in configs)
+    metrics = Metrics(registry, max_batch_size=largest_batch)
+    deployments = Deployments(
+        [
+            Deployment(
+                config,
+                _ConfigFactory(builder, config),
+                events=metrics.for_model(config.name),
+                instance_factory=instance_factory,
+                on_ready=on_ready,
+                on_load_failure=on_load_failure,
+            )
+            for config in configs
+        ]
+    )
+    plane = DataPlane(deployments, metrics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        for deployment in deployments:
+            deployment.start()
+        try:
+            yield
+        finally:
+            await asyncio.gather(*(deployment.stop(shutdown_timeout) for deployment in deployments))
+
+    async def live(request: Request) -> Response:
+        return Response(orjson.dumps({"live": True}), media_type="application/json")
+
+    async def ready(request: Request) -> Response:
+        is_ready = deployments.ready
+        return Response(
+            orjson.dumps({"ready": is_ready}),
+            status_code=200 if is_ready else 503,
+            media_type="application/json",
+        )
+
+    async def metrics_endpoint(request: Request) -> Response:
+        for deployment in deployments:
+            metrics.observe_deployment(deployment)
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    routes = [
+        *plain_routes(plane, max_body_bytes),
+        Route("/v2/health/live", live, methods=["GET"]),
+        Route("/v2/health/ready", ready, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        *v2_routes(plane, max_body_bytes),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
+    app.add_middleware(RequestIdMiddleware)
+    return app

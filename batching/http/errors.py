@@ -1,0 +1,127 @@
+"""The one place where errors become HTTP status codes, and the handlers that answer them as
+JSON ``{"error": "..."}`` (never a traceback)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import orjson
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from batching.errors import (
+    BatchingError,
+    DeadlineExceeded,
+    InferenceFailed,
+    InvalidRequest,
+    ModelNotFound,
+    PayloadTooLarge,
+    Unavailable,
+    UnprocessableInput,
+)
+from batching.runtime.deployment import Deployment
+from batching.service import DataPlane
+
+from .middleware import request_id_of
+
+__all__ = [
+    "CLIENT_CLOSED",
+    "EXCEPTION_HANDLERS",
+    "STATUS_FOR",
+    "Outcome",
+    "error_response",
+    "recorded",
+    "status_of",
+]
+
+logger = logging.getLogger("batching")
+
+STATUS_FOR: dict[type[BatchingError], int] = {
+    InvalidRequest: 400,
+    ModelNotFound: 404,
+    PayloadTooLarge: 413,
+    UnprocessableInput: 422,
+    InferenceFailed: 500,
+    Unavailable: 503,
+    DeadlineExceeded: 504,
+}
+
+#: Counted (and answered, to nobody) when the client hung up before its answer: nginx's code.
+CLIENT_CLOSED = 499
+
+
+def status_of(exc: BatchingError) -> int:
+    """The status code of ``exc``: its nearest class in :data:`STATUS_FOR`, else 500."""
+    for cls in type(exc).__mro__:
+        status = STATUS_FOR.get(cls)
+        if status is not None:
+            return status
+    return 500
+
+
+def error_response(message: str, status: int, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(
+        orjson.dumps({"error": message}),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )
+
+
+@dataclass(slots=True)
+class Outcome:
+    """The status a door answered with; 500 until it says otherwise."""
+
+    status: int = 500
+
+
+@contextlib.contextmanager
+def recorded(plane: DataPlane, deployment: Deployment) -> Iterator[Outcome]:
+    """Count and time one request to ``deployment`` under the status it was answered with:
+    what the door set on the outcome, or the status of the error that escaped."""
+    started = plane.now()
+    outcome = Outcome()
+    try:
+        yield outcome
+    except BatchingError as exc:
+        outcome.status = status_of(exc)
+        raise
+    finally:
+        plane.record(deployment, outcome.status, started)
+
+
+async def _batching_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, BatchingError)
+    status = status_of(exc)
+    headers = None
+    if isinstance(exc, Unavailable):
+        headers = {"Retry-After": str(max(1, round(exc.retry_after)))}
+    # Client mistakes are the client's to read in the body; at DEBUG an operator can still
+    # follow one by its request id. Server-side failures always reach the log.
+    level = logging.WARNING if status >= 500 else logging.DEBUG
+    logger.log(level, "request %s answered %d: %s", request_id_of(request.scope), status, exc)
+    return error_response(str(exc), status, headers)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return error_response(exc.detail, exc.status_code, exc.headers)
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> Response:
+    logger.error(
+        "request %s failed with an internal error", request_id_of(request.scope), exc_info=exc
+    )
+    return error_response("internal server error", 500)
+
+
+#: The app's exception handlers: the error tree, Starlette's own HTTP errors, anything else.
+EXCEPTION_HANDLERS = {
+    BatchingError: _batching_error,
+    HTTPException: _http_error,
+    Exception: _unexpected_error,
+}

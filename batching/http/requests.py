@@ -1,0 +1,80 @@
+"""What every HTTP door reads from a request: its body (bounded), the deadline it asks for,
+and whether its client is still there."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+
+from batching.errors import InvalidRequest, PayloadTooLarge
+from batching.runtime.deployment import Deployment
+from batching.service import DataPlane
+
+from .middleware import request_id_of
+
+__all__ = ["TIMEOUT_HEADER", "disconnect_of", "infer_for_request", "read_body", "timeout_of"]
+
+TIMEOUT_HEADER = "x-request-timeout-ms"
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, refusing more than ``limit`` bytes before reading them all.
+
+    :raises PayloadTooLarge: declared or actual size over ``limit``.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"the request body is over the {limit}-byte limit")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"the request body is over the {limit}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def timeout_of(request: Request) -> float | None:
+    """Seconds the client's ``X-Request-Timeout-Ms`` asks for, or None.
+
+    :raises InvalidRequest: when it is not a positive number.
+    """
+    asked = request.headers.get(TIMEOUT_HEADER)
+    if asked is None:
+        return None
+    try:
+        asked_ms = float(asked)
+    except ValueError:
+        asked_ms = -1.0
+    if not asked_ms > 0 or asked_ms != asked_ms:
+        raise InvalidRequest(f"{TIMEOUT_HEADER} must be a positive number of ms")
+    return asked_ms / 1000
+
+
+def disconnect_of(request: Request) -> Callable[[], Awaitable[None]]:
+    """A coroutine function that returns once the client has hung up."""
+
+    async def disconnected() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    return disconnected
+
+
+async def infer_for_request(
+    plane: DataPlane, request: Request, deployment: Deployment, inputs: list[Any], deadline: float
+) -> list[Any] | None:
+    """``inputs`` through the data plane for ``request``: under its request id, and dropped
+    if its client hangs up first (then None)."""
+    return await plane.infer(
+        deployment,
+        inputs,
+        deadline=deadline,
+        request_id=request_id_of(request.scope),
+        disconnected=disconnect_of(request),
+    )

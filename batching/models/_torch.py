@@ -1,0 +1,178 @@
+"""What the transformers-backed models share: devices, pooling, token counting, and the one
+tokenise-and-run step. This package's modules are the only ones that import torch."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+
+__all__ = [
+    "TokenCounter",
+    "encode_and_run",
+    "max_length_of",
+    "mean_pool",
+    "read_json",
+    "require_strings",
+    "resolve_device",
+    "to_numpy",
+    "warmup_text",
+]
+
+# A tokenizer without a configured limit reports a huge sentinel as model_max_length.
+_NO_LIMIT = 1_000_000
+
+_WARMUP_WORDS = (
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "the",
+    "lazy",
+    "dog",
+    "while",
+    "batching",
+)
+
+_DEVICE_RE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
+
+
+def resolve_device(device: str) -> torch.device:
+    """Check a device string ("cpu", "cuda", "cuda:N") and turn it into a ``torch.device``.
+
+    :raises ValueError: for any other spelling, or "cpu:N".
+    :raises RuntimeError: when CUDA is asked for but absent, or the index is out of range.
+    """
+    match = _DEVICE_RE.match(device.strip())
+    if match is None:
+        raise ValueError(f"device {device!r} is not one of 'cpu', 'cuda', 'cuda:N'")
+    kind, index = match.group(1), match.group(2)
+    if kind == "cpu":
+        if index is not None:
+            raise ValueError(f"device {device!r}: write 'cpu' without an index")
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"device {device!r} asked for, but torch reports no usable CUDA device "
+            f"(torch {torch.__version__}); use --device cpu"
+        )
+    ordinal = int(index) if index is not None else 0
+    count = torch.cuda.device_count()
+    if ordinal >= count:
+        raise RuntimeError(f"device {device!r} asked for, but only {count} CUDA device(s) exist")
+    return torch.device("cuda", ordinal)
+
+
+def read_json(path: Path) -> Any:
+    with path.open(encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def max_length_of(tokenizer: Any, config: dict[str, Any]) -> int:
+    """The longest input the model accepts: the smaller of the tokenizer's and the position
+    table's limits (sentence-transformers' rule when its config names no length)."""
+    limits = [
+        limit
+        for limit in (
+            getattr(tokenizer, "model_max_length", None),
+            config.get("max_position_embeddings"),
+        )
+        if isinstance(limit, int) and 0 < limit < _NO_LIMIT
+    ]
+    return min(limits, default=512)
+
+
+def to_numpy(array: torch.Tensor) -> np.ndarray:
+    # .numpy() shares memory with a CPU float32 tensor, so the common case copies nothing.
+    if array.device.type != "cpu" or array.dtype != torch.float32:
+        array = array.to(device="cpu", dtype=torch.float32)
+    return array.numpy()
+
+
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor, sqrt_len: bool = False) -> torch.Tensor:
+    """Average the token vectors over real tokens only, so padding never shifts the result."""
+    weights = mask.to(hidden.dtype)
+    # A batched matmul sums the masked rows without materialising hidden * mask.
+    summed = torch.bmm(weights.unsqueeze(1), hidden).squeeze(1)
+    counts = weights.sum(dim=1, keepdim=True).clamp(min=1e-9)
+    return summed / (counts.sqrt() if sqrt_len else counts)
+
+
+class TokenCounter:
+    """A private fast tokenizer for :meth:`count_tokens`, separate from the one ``predict`` uses.
+
+    The event loop may count while the instance thread encodes a batch; the Rust tokenizer
+    refuses concurrent use when one caller changes its padding/truncation settings ("Already
+    borrowed"), so the counter gets its own copy, configured once and never mutated after.
+    """
+
+    # Inputs longer than this many characters per allowed token are first counted on a
+    # prefix: encoding a megabyte of text to learn it exceeds 256 tokens would cost ms.
+    _CHARS_PER_TOKEN_BOUND = 8
+
+    def __init__(self, path: Path, max_length: int | None) -> None:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
+        config_path = path / "config.json"
+        config = read_json(config_path) if config_path.is_file() else {}
+        self.max_length = max_length if max_length is not None else max_length_of(tokenizer, config)
+        self.mask_token: str | None = getattr(tokenizer, "mask_token", None)
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._backend: Any = None
+        self._tokenizer: Any = tokenizer
+        if backend is not None:
+            # Truncation in the backend caps the count; padding would inflate it.
+            backend.no_padding()
+            backend.enable_truncation(self.max_length)
+            self._backend = backend
+
+    def count(self, text: str) -> int:
+        limit = self.max_length
+        cut = limit * self._CHARS_PER_TOKEN_BOUND
+        if len(text) > cut:
+            # Cutting at a space keeps every word of the prefix whole, so (for tokenizers that
+            # split on whitespace first, as WordPiece, BPE and SentencePiece do) the prefix
+            # never has more tokens than the full text: if it reaches the cap, so does the text.
+            space = text.rfind(" ", 0, cut)
+            if space > 0 and self._encode_length(text[:space]) >= limit:
+                return limit
+        return self._encode_length(text)
+
+    def _encode_length(self, text: str) -> int:
+        if self._backend is not None:
+            return len(self._backend.encode(text))
+        encoded = self._tokenizer(text, truncation=True, max_length=self.max_length)
+        return len(encoded["input_ids"])
+
+
+def encode_and_run(
+    tokenizer: Any, model: Any, texts: Sequence[str], max_length: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokenise ``texts`` (padded to the longest, truncated at ``max_length``), run ``model``
+    on ``device``, and return its last hidden state with the attention mask. Call it under
+    ``torch.inference_mode()``."""
+    encoded = tokenizer(
+        list(texts), padding=True, truncation=True, max_length=max_length, return_tensors="pt"
+    )
+    if device.type != "cpu":
+        encoded = encoded.to(device)
+    hidden = model(**encoded)[0]
+    return hidden, encoded["attention_mask"]
+
+
+def warmup_text(words: int) -> str:
+    """A text of ``words`` words: at least one token each, so it reaches ``words`` tokens."""
+    return " ".join(_WARMUP_WORDS[i % len(_WARMUP_WORDS)] for i in range(words))
+
+
+def require_strings(inputs: Sequence[Any]) -> None:
+    for index, item in enumerate(inputs):
+        if not isinstance(item, str):
+            raise TypeError(f"input {index} is {type(item).__name__}, expected a string")

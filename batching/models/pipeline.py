@@ -1,0 +1,199 @@
+"""Any transformers pipeline task, served from a local model folder."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+from transformers.pipelines import PIPELINE_REGISTRY, TASK_ALIASES
+
+from ._torch import (
+    TokenCounter,
+    encode_and_run,
+    max_length_of,
+    mean_pool,
+    read_json,
+    require_strings,
+    resolve_device,
+    to_numpy,
+    warmup_text,
+)
+from .protocol import warmup_batches
+
+__all__ = ["PipelineModel", "supported_tasks"]
+
+# Tasks whose inputs are plain strings: they get truncation, token counts and a text warm-up.
+_TEXT_TASKS = frozenset(
+    {
+        "feature-extraction",
+        "fill-mask",
+        "text-classification",
+        "token-classification",
+        "zero-shot-classification",
+        "text-generation",
+    }
+)
+
+
+def supported_tasks() -> list[str]:
+    return sorted(set(PIPELINE_REGISTRY.get_supported_tasks()) | set(TASK_ALIASES))
+
+
+def _jsonable(value: Any) -> Any:
+    """Pipelines return numpy and torch values inside lists and dicts: make them plain JSON."""
+    if isinstance(value, dict):
+        return {str(key): _jsonable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(item) for item in value]
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().tolist()
+    if isinstance(value, np.ndarray | np.generic):
+        return value.tolist()
+    return value
+
+
+class PipelineModel:
+    """Any ``transformers.pipeline`` task, served from a local model folder.
+
+    ``predict`` runs the whole batch through the pipeline in one call and returns one
+    JSON-ready output per input:
+
+    - ``text-classification`` (alias ``sentiment-analysis``): ``{"label": str, "score": float}``
+      per input (a list of those when ``top_k`` is passed).
+    - ``fill-mask``: a list of ``{"score", "token", "token_str", "sequence"}`` candidates per
+      input (a list of such lists when an input has several mask tokens).
+    - ``feature-extraction``: one mean-pooled, unnormalised sentence vector per input, as rows of
+      a float32 array. A sentence vector is what callers of a serving endpoint want; token-level
+      arrays would be large and ragged. This task runs the pipeline's own tokenizer and model
+      directly instead of the pipeline call, because the pipeline hands back batched token
+      rows padded to the longest input and drops the attention mask, so pooling them would
+      make each vector depend on what it was batched with.
+    - any other task: whatever the pipeline returns for that input, made JSON-friendly.
+
+    Text inputs are truncated to the model's maximum length instead of failing on long input.
+
+    :param task: a pipeline task name (validated now, so a typo fails at start-up).
+    :param path: the local model folder (weights, config and tokenizer).
+    :param pipeline_kwargs: passed to ``transformers.pipeline`` (e.g. ``top_k=3``).
+    """
+
+    def __init__(self, task: str, path: str | os.PathLike[str], **pipeline_kwargs: Any) -> None:
+        supported = supported_tasks()
+        if task not in supported:
+            raise ValueError(f"unknown task {task!r}; supported tasks: {', '.join(supported)}")
+        self.task = TASK_ALIASES.get(task, task)
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise ValueError(f"model folder {str(self.path)!r} does not exist")
+        self.name = self.path.resolve().name
+        self.pipeline_kwargs = pipeline_kwargs
+        self.is_text = self.task in _TEXT_TASKS
+        self._pipeline: Any = None
+        self._device = torch.device("cpu")
+        self._max_length = 512
+        self._counter: TokenCounter | None = None
+        config_path = self.path / "config.json"
+        self._config: dict[str, Any] = read_json(config_path) if config_path.is_file() else {}
+
+    def load(self, device: str) -> None:
+        self._device = resolve_device(device)
+        kwargs = dict(self.pipeline_kwargs)
+        if self.is_text:
+            kwargs.setdefault("tokenizer", str(self.path))
+        # The task is a str checked against supported_tasks() at construction; transformers'
+        # overloads only accept each task name as a literal (the implementation takes str).
+        self._pipeline = transformers.pipeline(  # type: ignore[call-overload]
+            self.task, model=str(self.path), device=self._device, **kwargs
+        )
+        self._pipeline.model.eval()
+        tokenizer = getattr(self._pipeline, "tokenizer", None)
+        if tokenizer is not None:
+            self._max_length = max_length_of(tokenizer, self._config)
+
+    def _call_kwargs(self) -> dict[str, Any]:
+        """Truncation for the tasks that accept tokenizer options, unless the user set them."""
+        truncate = {"truncation": True, "max_length": self._max_length}
+        if self.task == "text-classification" and "truncation" not in self.pipeline_kwargs:
+            return truncate
+        if self.task == "fill-mask" and "tokenizer_kwargs" not in self.pipeline_kwargs:
+            return {"tokenizer_kwargs": truncate}
+        return {}
+
+    def predict(self, inputs: list[Any]) -> list[Any] | np.ndarray:
+        if self._pipeline is None:
+            raise RuntimeError("PipelineModel.predict called before load()")
+        if not inputs:
+            return []
+        if self.task == "feature-extraction":
+            return self._embed(inputs)
+        batch = list(inputs)
+        outputs = self._pipeline(batch, batch_size=len(batch), **self._call_kwargs())
+        # Some pipelines (fill-mask, ...) unwrap a one-item list and return that item's output.
+        if len(batch) == 1 and (self.task == "fill-mask" or not _is_one_per_input(outputs, 1)):
+            outputs = [outputs]
+        if not _is_one_per_input(outputs, len(batch)):
+            raise RuntimeError(
+                f"pipeline {self.task!r} returned {type(outputs).__name__} "
+                f"for {len(batch)} inputs, not one output per input"
+            )
+        return [_jsonable(output) for output in outputs]
+
+    def _embed(self, inputs: list[Any]) -> np.ndarray:
+        require_strings(inputs)
+        pipe = self._pipeline
+        with torch.inference_mode():
+            hidden, mask = encode_and_run(
+                pipe.tokenizer, pipe.model, list(inputs), self._max_length, self._device
+            )
+            pooled = mean_pool(hidden, mask)
+        return to_numpy(pooled)
+
+    def count_tokens(self, item: Any) -> int:
+        """Tokens a text input costs (capped at the max length); 1 for non-text inputs."""
+        if not self.is_text or not isinstance(item, str):
+            return 1
+        return self._token_counter().count(item)
+
+    def _token_counter(self) -> TokenCounter:
+        # Lazily and lock-free, for the same reasons as SentenceEmbedder's counter.
+        counter = self._counter
+        if counter is None:
+            counter = self._counter = TokenCounter(self.path, None)
+        return counter
+
+    def warmup_inputs(self, max_batch_size: int) -> list[list[Any]]:
+        """A longest-length text at batch 1 and at the cap; nothing for non-text tasks,
+        whose inputs this class cannot invent."""
+        if not self.is_text or self.task == "zero-shot-classification":
+            return []
+        length = self._max_length if self._pipeline is not None else 512
+        if self.task == "text-generation":
+            # Generation cost grows with new tokens, not prompt length: keep the prompt short.
+            return warmup_batches(warmup_text(16), max_batch_size)
+        if self.task == "fill-mask":
+            tokenizer = getattr(self._pipeline, "tokenizer", None)
+            mask = getattr(tokenizer, "mask_token", None) or self._token_counter().mask_token
+            if mask is None:
+                raise ValueError(f"{self.path}: the tokenizer has no mask token for fill-mask")
+            # The mask goes first so truncation can never cut it off.
+            return warmup_batches(f"{mask} " + warmup_text(length), max_batch_size)
+        return warmup_batches(warmup_text(length), max_batch_size)
+
+    def metadata(self) -> dict[str, Any]:
+        name = "text" if self.is_text else "input"
+        inputs = [{"name": name, "datatype": "BYTES", "shape": [-1]}]
+        if self.task == "feature-extraction":
+            width = self._config.get("hidden_size") or self._config.get("d_model") or -1
+            outputs = [{"name": "embedding", "datatype": "FP32", "shape": [-1, width]}]
+        else:
+            # Structured results (labels, candidates, ...) travel as JSON strings.
+            outputs = [{"name": "output", "datatype": "BYTES", "shape": [-1]}]
+        return {"inputs": inputs, "outputs": outputs}
+
+
+def _is_one_per_input(outputs: Any, count: int) -> bool:
+    return isinstance(outputs, list) and len(outputs) == count

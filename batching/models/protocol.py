@@ -1,0 +1,161 @@
+"""The Model contract: the one seam between the server and whatever computes.
+
+A model object is built once per instance, loaded on that instance's device, and then called
+only from that instance's dedicated thread (or process), one batch at a time.
+
+Two methods are required (:class:`Model`); four hooks are optional. :class:`ModelBase`
+declares every one of them with its default, and :func:`hooks_of` is the only place the
+server looks them up, so a model that subclasses ``ModelBase`` and a plain class that only
+has ``load`` and ``predict`` are served alike.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # for annotations only: importing this module imports no numpy
+    from numpy.typing import NDArray
+
+__all__ = [
+    "Model",
+    "ModelBase",
+    "ModelHooks",
+    "hooks_of",
+    "load_model",
+    "warmup_batches",
+]
+
+
+@runtime_checkable
+class Model(Protocol):
+    """What the server needs of a model.
+
+    ``load(device)`` places the model on ``device`` ("cpu", "cuda:0", ...). A model that
+    wants to know which instance it is (to pick a port, a shard, a log name) declares a
+    parameter named ``instance_index``: ``load(self, device, instance_index=0)``; the server
+    then calls ``load(device, instance_index=i)``, where ``i`` is the instance's position in
+    the model's device list (0, 1, ...; stable across restarts). A ``load(device)`` without
+    that parameter is called as before; ``**kwargs`` alone does not opt in, since it often
+    forwards to a loader that would reject the unknown keyword.
+
+    ``predict(inputs)`` takes a list of inputs and returns exactly one output per input, in
+    order. Outputs are JSON-serialisable values or numpy arrays (a 2-D array counts as one row
+    per input).
+
+    A model served by process instances is built in a child process: its class must be
+    importable by module name, and its outputs and exceptions picklable.
+    """
+
+    def load(self, device: str) -> None: ...
+
+    def predict(self, inputs: list[Any]) -> Sequence[Any] | NDArray[Any]: ...
+
+
+class ModelBase:
+    """A base class for your own model: the two required methods and every optional hook,
+    each with its default. Subclass it and override what your model needs.
+
+    The hooks, all called by the server on the instance's thread or at start-up:
+
+    - :meth:`warmup_inputs`: batches to run before the instance reports ready.
+    - :meth:`count_tokens`: the padded length of one input, for token-aware batching.
+    - :meth:`metadata`: the v2 description of inputs and outputs.
+    - :attr:`max_seq_length`: the longest text input, in tokens, for generated warm-up text.
+    """
+
+    #: The longest text input in tokens; the "random" warm-up writes that many words.
+    #: None: not a text model, or no limit known.
+    max_seq_length: int | None = None
+
+    def load(self, device: str) -> None:
+        """Place the model on ``device`` ("cpu", "cuda:0", ...). Load weights here, not in
+        ``__init__``: it runs on the instance's own thread or process."""
+
+    def predict(self, inputs: list[Any]) -> Sequence[Any] | NDArray[Any]:
+        """One output per input, in order. Called with a whole batch at a time."""
+        raise NotImplementedError
+
+    def warmup_inputs(self, max_batch_size: int) -> list[list[Any]]:
+        """Batches to run before the instance reports ready (build them with
+        :func:`warmup_batches`). Their items are also the samples a configured warm-up
+        (``warmup.batch_sizes``) repeats to each size. Default: none."""
+        return []
+
+    def count_tokens(self, item: Any) -> int:
+        """The padded length ``item`` costs in a batch, for token-aware batching
+        (``--max-batch-tokens``). Default: 1, so batches count items only."""
+        return 1
+
+    def metadata(self) -> dict[str, Any]:
+        """v2-style ``inputs``/``outputs`` descriptions (``name``, ``datatype``, ``shape``,
+        per item), and optionally ``platform``. The first input's datatype says what the
+        model takes: BYTES is text (the default when the model describes nothing); a numeric
+        type with a fixed shape lets the "zero" and "random" warm-ups generate inputs.
+        Default: nothing described."""
+        return {}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelHooks:
+    """The optional hooks of one model object, each None where the model lacks it."""
+
+    warmup_inputs: Callable[[int], Sequence[Sequence[Any]]] | None
+    count_tokens: Callable[[Any], int] | None
+    metadata: Callable[[], dict[str, Any]] | None
+    max_seq_length: int | None
+
+
+def hooks_of(model: object) -> ModelHooks:
+    """The optional hooks ``model`` has: the only place the server looks them up.
+
+    ``ModelBase``'s own defaults count as absent, so that a subclass that does not override
+    ``count_tokens`` is batched by items and one that does not describe itself is a text model.
+    """
+    length = getattr(model, "max_seq_length", None)
+    if not isinstance(length, int) or isinstance(length, bool) or length <= 0:
+        length = None
+    return ModelHooks(
+        warmup_inputs=_own(model, "warmup_inputs"),
+        count_tokens=_own(model, "count_tokens"),
+        metadata=_own(model, "metadata"),
+        max_seq_length=length,
+    )
+
+
+def _own(model: object, name: str) -> Any:
+    method = getattr(model, name, None)
+    if method is None or not callable(method):
+        return None
+    if getattr(type(model), name, None) is getattr(ModelBase, name):
+        return None
+    return method
+
+
+def load_model(model: Model, device: str, instance_index: int) -> None:
+    """Call ``model.load(device)``, adding ``instance_index`` when ``load`` declares it."""
+    if _declares(model.load, "instance_index"):
+        load: Callable[..., None] = model.load
+        load(device, instance_index=instance_index)
+    else:
+        model.load(device)
+
+
+def _declares(function: Callable[..., object], name: str) -> bool:
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False  # builtins and some C extensions have no introspectable signature
+    parameter = parameters.get(name)
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+
+
+def warmup_batches(sample: Any, max_batch_size: int) -> list[list[Any]]:
+    """The default warm-up: one batch of 1 and one of ``max_batch_size``."""
+    sizes = sorted({1, max_batch_size})
+    return [[sample] * size for size in sizes]

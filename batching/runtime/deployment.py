@@ -1,0 +1,243 @@
+"""A deployment: one served model, its batcher, its instances and their supervision."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from batching.config import ModelConfig
+from batching.core.batcher import Batcher
+from batching.core.events import BatchEvents
+from batching.core.jobs import InstanceLost
+from batching.core.policy import BatchPolicy, FixedPolicy
+from batching.errors import NotReady
+from batching.models.protocol import hooks_of
+
+from .base import InstanceFactory, ModelFactory
+from .process import ProcessInstance
+from .threads import ThreadInstance
+from .warmup import InstanceInfo, WarmupPlan
+
+__all__ = [
+    "HEALTHY_PERIOD",
+    "RESTART_BACKOFF",
+    "Deployment",
+    "RestartBackoff",
+    "instance_factory_for",
+    "make_policy",
+]
+
+logger = logging.getLogger("batching")
+
+#: Seconds between restarts of an instance that keeps dying, so a crash loop cannot spin.
+RESTART_BACKOFF = (0.0, 1.0, 5.0, 15.0)
+
+
+#: An instance that served this many seconds before it died was healthy: its restart
+#: counts as a first failure again, not as the next step of a crash loop.
+HEALTHY_PERIOD = 60.0
+
+
+class RestartBackoff:
+    """How long to wait before restarting an instance that died.
+
+    Deaths in a row walk up :data:`RESTART_BACKOFF`, so a crash loop cannot spin; a death
+    after :data:`HEALTHY_PERIOD` seconds of service starts from the first step again, so an
+    instance that died once last week does not wait the longest backoff this week.
+    """
+
+    def __init__(
+        self,
+        steps: tuple[float, ...] = RESTART_BACKOFF,
+        healthy_period: float = HEALTHY_PERIOD,
+    ) -> None:
+        self.steps = steps
+        self.healthy_period = healthy_period
+        self.failures = 0
+
+    def after_death(self, served_from: float, died_at: float) -> float:
+        """Seconds to wait before the restart of an instance that served from ``served_from``
+        until ``died_at`` (both on one clock)."""
+        if died_at - served_from >= self.healthy_period:
+            self.failures = 0
+        self.failures += 1
+        return self.steps[min(self.failures, len(self.steps)) - 1]
+
+
+def instance_factory_for(config: ModelConfig, index: int) -> InstanceFactory:
+    """The default way to build instance ``index`` of ``config``: a thread or a process
+    (``config.instance_kind``), told its index and the model's warm-up plan."""
+    warmup = WarmupPlan.of(config)
+    if config.instance_kind == "process":
+        return functools.partial(ProcessInstance, index=index, warmup=warmup)
+    return functools.partial(ThreadInstance, index=index, warmup=warmup)
+
+
+def make_policy(config: ModelConfig) -> BatchPolicy:
+    batching = config.batching
+    if batching.policy == "adaptive":
+        from batching.core.adaptive import AdaptivePolicy
+
+        return AdaptivePolicy(
+            max_queue_delay=batching.max_queue_delay,
+            max_latency=batching.max_latency,
+            max_batch_size=batching.max_batch_size,
+        )
+    return FixedPolicy(batching.max_queue_delay)
+
+
+class Deployment:
+    """Serves one model: loads its instances one after another, keeps them running, drains
+    them on shutdown.
+
+    :param config: the model's configuration.
+    :param factory: builds an unloaded model object; called once per instance start.
+    :param events: receives the batcher's counts and timings.
+    :param instance_factory: builds instances; by default a thread or a process per
+        ``config.instance_kind``, told its index and the warm-up plan.
+    :param on_ready: called on the event loop each time an instance is loaded and warm.
+    :param on_load_failure: called with the reason when an instance cannot load; the
+        deployment stays unready (``python server.py`` exits on it).
+    :param clock: seconds, for the restart backoff's healthy period.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        factory: ModelFactory,
+        *,
+        events: BatchEvents | None = None,
+        instance_factory: InstanceFactory | None = None,
+        on_ready: Callable[[Deployment, int, InstanceInfo], None] | None = None,
+        on_load_failure: Callable[[Deployment, int, str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self.batcher = Batcher(config.name, config.batching, make_policy(config), events)
+        self.batcher.instances = len(config.devices)
+        self.metadata: dict[str, Any] = {}
+        self.load_error: str | None = None
+        self.warmup_s: list[float] = []
+        self._factory = factory
+        self._instance_factory: InstanceFactory | None = instance_factory
+        self._on_ready = on_ready
+        self._on_load_failure = on_load_failure
+        self._clock = clock
+        self._tasks: list[asyncio.Task[None]] = []
+        self._loading = asyncio.Lock()
+        #: Counts an input's tokens on the event loop, for token-aware batching.
+        self.count_tokens: Callable[[Any], int] | None = None
+
+    def _token_counter(self) -> Callable[[Any], int] | None:
+        # An unloaded model object of its own: counting needs the tokenizer, not the weights,
+        # and must not share the instances' tokenizers, which are busy on their threads.
+        counter = hooks_of(self._factory()).count_tokens
+        if counter is not None:
+            counter("")  # builds its tokenizer here, on this thread, not on the event loop
+        if counter is None:
+            logger.warning(
+                "model %s has max_batch_tokens set but no count_tokens(); batching by items",
+                self.name,
+            )
+        return counter
+
+    async def tokens_of(self, inputs: list[Any]) -> list[int] | None:
+        """Each input's token count, or None when the model is not batched by tokens."""
+        counter = self.count_tokens
+        if counter is None:
+            return None
+        if len(inputs) <= 16:
+            return [counter(item) for item in inputs]
+        # Tokenizing a large request would hold up every other request on the loop.
+        return await asyncio.to_thread(lambda: [counter(item) for item in inputs])
+
+    @property
+    def takes_text(self) -> bool:
+        """Whether the model's first input is BYTES (text), as its metadata says."""
+        inputs = self.metadata.get("inputs") or []
+        return bool(inputs) and inputs[0].get("datatype") == "BYTES"
+
+    @property
+    def ready(self) -> bool:
+        return self.batcher.ready_instances > 0 and not self.batcher.draining
+
+    def start(self) -> None:
+        """Start every instance's supervisor; returns at once (loading goes on behind)."""
+        for index, device in enumerate(self.config.devices):
+            task = asyncio.create_task(self._supervise(index, device), name=f"{self.name}-{index}")
+            self._tasks.append(task)
+
+    async def _supervise(self, index: int, device: str) -> None:
+        label = f"{self.name}-{index}"
+        backoff = RestartBackoff()
+        make = self._instance_factory or instance_factory_for(self.config, index)
+        while True:
+            instance = make(self._factory, device, label)
+            try:
+                # One instance loads at a time: N copies loading at once multiply the
+                # memory peak and gain nothing on a machine whose cores the load already uses.
+                async with self._loading:
+                    if self.config.batching.max_batch_tokens and self.count_tokens is None:
+                        self.count_tokens = await asyncio.to_thread(self._token_counter)
+                    started = time.perf_counter()
+                    info = await instance.start(self.config.batching.max_batch_size)
+            except asyncio.CancelledError:
+                instance.close()
+                raise
+            except Exception as exc:
+                instance.close()
+                self.load_error = f"{type(exc).__name__}: {exc}"
+                logger.error("model %s instance %d failed to load: %s", self.name, index, exc)
+                if self._on_load_failure is not None:
+                    self._on_load_failure(self, index, self.load_error)
+                return
+            self.metadata = self.metadata or info.metadata
+            self.warmup_s.append(info.warmup_s)
+            logger.info(
+                "model %s instance %d ready on %s (%s): load %.2fs, warm-up %.2fs "
+                "(%d batches), %.2fs in all",
+                self.name,
+                index,
+                device,
+                instance.kind,
+                info.load_s,
+                info.warmup_s,
+                info.warmup_batches,
+                time.perf_counter() - started,
+            )
+            if self._on_ready is not None:
+                self._on_ready(self, index, info)
+            self.batcher.ready_instances += 1
+            serving_since = self._clock()
+            try:
+                await self.batcher.serve(instance.run)
+            except InstanceLost as exc:
+                logger.error("model %s instance %d died (%s); restarting", self.name, index, exc)
+            finally:
+                self.batcher.ready_instances -= 1
+                instance.close()
+            if self.batcher.draining:
+                return  # shutting down: nothing to restart for
+            await asyncio.sleep(backoff.after_death(serving_since, self._clock()))
+
+    async def stop(self, grace: float) -> None:
+        """Refuse new requests, serve what was accepted for up to ``grace`` seconds, then
+        fail the rest with 503 and stop the instances."""
+        self.batcher.drain()
+        deadline = time.monotonic() + grace
+        while not self.batcher.idle and time.monotonic() < deadline:
+            if self.batcher.ready_instances == 0:
+                break
+            await asyncio.sleep(0.01)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.batcher.fail_all(NotReady("the server shut down before serving this request"))

@@ -1,0 +1,54 @@
+"""Thread instances: a model copy driven by one dedicated OS thread of the server process.
+
+Cheap (instances share the interpreter and the imported libraries) and parallel as long as the
+model releases the GIL while it computes, as torch does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from batching.core.jobs import InstanceLost, Outputs
+from batching.models.protocol import Model
+
+from .base import InstanceBase, predict_timed
+from .warmup import InstanceInfo, load_and_warm
+
+__all__ = ["ThreadInstance"]
+
+
+class ThreadInstance(InstanceBase):
+    """A model copy driven by one dedicated OS thread.
+
+    torch releases the GIL while it computes, so instances on threads run batches in
+    parallel while the event loop keeps serving HTTP.
+    """
+
+    kind = "thread"
+
+    #: The loaded model; None until :meth:`start` finished, and again once closed.
+    _model: Model | None = None
+
+    async def start(self, max_batch_size: int) -> InstanceInfo:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._load, max_batch_size)
+
+    def _load(self, max_batch_size: int) -> InstanceInfo:
+        model = self._factory()
+        info = load_and_warm(
+            model, self.device, max_batch_size, index=self.index, warmup=self._warmup
+        )
+        self._model = model
+        return info
+
+    async def run(self, inputs: list[Any]) -> tuple[Outputs, float]:
+        model = self._model
+        if model is None:
+            raise InstanceLost("the instance has no loaded model")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, predict_timed, model, inputs)
+
+    def close(self) -> None:
+        self._model = None
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,201 @@
+"""Loading an instance and warming it up: the batches it runs before it reports ready."""
+
+from __future__ import annotations
+
+import json
+import random
+import string
+import time
+from dataclasses import dataclass
+from itertools import cycle, islice
+from typing import Any
+
+from batching.config import ModelConfig
+from batching.models.protocol import Model, hooks_of, load_model
+
+__all__ = ["InstanceInfo", "WarmupPlan", "load_and_warm", "warmup_inputs_for"]
+
+#: Words in a generated text when the model does not say how long its inputs may be.
+DEFAULT_WARMUP_WORDS = 128
+
+_NUMERIC_TYPES = frozenset(
+    {"FP16", "BF16", "FP32", "FP64", "INT8", "INT16", "INT32", "INT64"}
+    | {"UINT8", "UINT16", "UINT32", "UINT64"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceInfo:
+    """What an instance learned while loading."""
+
+    load_s: float
+    warmup_s: float
+    warmup_batches: int
+    metadata: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupPlan:
+    """What an instance runs before it reports ready (``ModelConfig``'s warm-up fields).
+
+    :param batch_sizes: one batch of each size; empty means the model's own plan for
+        ``data="model"``, else 1 and ``max_batch_size``.
+    :param data: "model" (the samples of the model's ``warmup_inputs``), "zero", "random" or
+        "file".
+    :param file: with ``data="file"``, a UTF-8 file holding one input per line.
+    """
+
+    batch_sizes: tuple[int, ...] = ()
+    data: str = "model"
+    file: str | None = None
+
+    @classmethod
+    def of(cls, config: ModelConfig) -> WarmupPlan:
+        return cls(config.warmup_batch_sizes, config.warmup_data, config.warmup_file)
+
+
+def warmup_inputs_for(
+    model: Model, plan: WarmupPlan, max_batch_size: int, seed: int = 0
+) -> list[list[Any]]:
+    """The warm-up batches ``plan`` asks of a loaded ``model``.
+
+    With ``data="model"`` the items come from the model's ``warmup_inputs`` (none when it has
+    no such method). Otherwise the model's metadata decides their type: a BYTES input (or no
+    metadata) gets texts, a numeric input with a fixed per-item shape gets nested lists.
+
+    - "zero": empty texts, or zeros;
+    - "random": texts of random words as long as the model's ``max_seq_length`` (else
+      :data:`DEFAULT_WARMUP_WORDS` words), or uniform numbers; seeded, so reproducible;
+    - "file": the file's lines (texts as they are, anything else parsed as JSON), repeated
+      to fill each batch.
+
+    :raises RuntimeError: when the data cannot be made for this model (named in the message).
+    """
+    sizes = list(plan.batch_sizes) or sorted({1, max_batch_size})
+    if plan.data == "model":
+        own = hooks_of(model).warmup_inputs
+        if own is None:
+            return []
+        batches = [list(batch) for batch in own(max_batch_size)]
+        if not plan.batch_sizes:
+            return batches
+        samples = [item for batch in batches for item in batch]
+        return [_fill(samples, size) for size in sizes] if samples else []
+    datatype, item_shape = _input_spec(model)
+    text = datatype == "BYTES"
+    if plan.data == "file":
+        assert plan.file is not None
+        samples = _read_samples(plan.file, text)
+        return [_fill(samples, size) for size in sizes]
+    if not text and (datatype not in _NUMERIC_TYPES and datatype != "BOOL"):
+        raise RuntimeError(f"warm-up data {plan.data!r} cannot make {datatype} inputs")
+    if not text and any(not isinstance(dim, int) or dim < 0 for dim in item_shape):
+        raise RuntimeError(
+            f"warm-up data {plan.data!r} needs a fixed input shape, and the model's metadata "
+            f"says {[-1, *item_shape]}; use data from a file instead"
+        )
+    rng = random.Random(seed) if plan.data == "random" else None
+    words = _text_length(model) if text else 0
+    return [[_generated(rng, words, datatype, item_shape) for _ in range(size)] for size in sizes]
+
+
+def _generated(rng: random.Random | None, words: int, datatype: str, shape: tuple[int, ...]) -> Any:
+    """One generated input: zero-like without ``rng``, random with it."""
+    if datatype == "BYTES":
+        return " ".join(_random_word(rng) for _ in range(words)) if rng else ""
+    return _tensor(shape, datatype, rng)
+
+
+def _fill(samples: list[Any], size: int) -> list[Any]:
+    return list(islice(cycle(samples), size))
+
+
+def _input_spec(model: Model) -> tuple[str, tuple[Any, ...]]:
+    """The first input's datatype and per-item shape (the metadata shape minus the batch
+    dimension); a model without metadata is taken to be a text model."""
+    describe = hooks_of(model).metadata
+    inputs = (describe() or {}).get("inputs") if describe is not None else None
+    if not inputs:
+        return "BYTES", ()
+    first = inputs[0]
+    shape = list(first.get("shape") or [-1])
+    return str(first.get("datatype", "BYTES")), tuple(shape[1:])
+
+
+def _text_length(model: Model) -> int:
+    # Every word is at least one token, so this many words reach the longest input.
+    return hooks_of(model).max_seq_length or DEFAULT_WARMUP_WORDS
+
+
+def _random_word(rng: random.Random) -> str:
+    return "".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9)))
+
+
+def _tensor(shape: tuple[int, ...], datatype: str, rng: random.Random | None) -> Any:
+    if shape:
+        return [_tensor(shape[1:], datatype, rng) for _ in range(shape[0])]
+    if datatype == "BOOL":
+        return rng.random() < 0.5 if rng else False
+    if datatype.startswith(("INT", "UINT")):
+        return rng.randint(0, 100) if rng else 0
+    return rng.random() if rng else 0.0
+
+
+def _read_samples(path: str, text: bool) -> list[Any]:
+    samples: list[Any] = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            if text:
+                samples.append(line)
+                continue
+            try:
+                samples.append(json.loads(line))
+            except ValueError as exc:
+                raise RuntimeError(f"warm-up file {path}, line {number}: not JSON: {exc}") from exc
+    if not samples:
+        raise RuntimeError(f"warm-up file {path} holds no inputs")
+    return samples
+
+
+def load_and_warm(
+    model: Model,
+    device: str,
+    max_batch_size: int,
+    *,
+    index: int = 0,
+    warmup: WarmupPlan | None = None,
+) -> InstanceInfo:
+    """Load ``model`` on ``device`` and run its warm-up batches; on the instance's thread
+    (or in its process).
+
+    :param index: the instance's position in its model's device list, passed to a ``load``
+        that declares ``instance_index``.
+    :param warmup: which batches to run; the model's own samples by default.
+    :raises RuntimeError: when a warm-up batch fails (the instance must not report ready);
+        the message names the batch, its size and the data it was made of.
+    """
+    plan = warmup or WarmupPlan()
+    started = time.perf_counter()
+    load_model(model, device, index)
+    loaded = time.perf_counter()
+    try:
+        batches = warmup_inputs_for(model, plan, max_batch_size, seed=index)
+    except RuntimeError:  # already says what failed
+        raise
+    except Exception as exc:
+        raise RuntimeError(f"making the warm-up inputs ({plan.data} data) failed: {exc!r}") from exc
+    for number, batch in enumerate(batches, 1):
+        where = f"warm-up batch {number} of {len(batches)} (size {len(batch)}, {plan.data} data)"
+        try:
+            outputs = model.predict(batch)
+        except Exception as exc:
+            raise RuntimeError(f"{where} failed: {exc!r}") from exc
+        if len(outputs) != len(batch):
+            raise RuntimeError(f"{where} returned {len(outputs)} outputs")
+    warmed = time.perf_counter()
+    describe = hooks_of(model).metadata
+    metadata = dict(describe()) if describe is not None else {}
+    return InstanceInfo(loaded - started, warmed - loaded, len(batches), metadata)

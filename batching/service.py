@@ -1,0 +1,138 @@
+"""The data plane: the one request path every protocol calls.
+
+A front door (plain HTTP, KServe v2, ...) is a codec around it: it decodes its wire format
+into a list of inputs, asks :class:`DataPlane` to resolve the model, set the deadline, submit
+the inputs and wait for their outputs, and encodes what comes back. Admission, deadlines,
+disconnects and per-request metrics therefore behave the same whichever door a request came
+through. Nothing here knows HTTP: status codes are the doors' business (they pass the one they
+answered to :meth:`DataPlane.record`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any
+
+from prometheus_client.metrics import Counter
+
+from batching.errors import DeadlineExceeded, ModelNotFound, UnprocessableInput
+from batching.metrics import Metrics
+from batching.runtime.deployment import Deployment
+
+__all__ = ["DataPlane", "Deployments"]
+
+
+class Deployments:
+    """The deployments one app serves, by name; the first is the default."""
+
+    def __init__(self, deployments: Sequence[Deployment]) -> None:
+        if not deployments:
+            raise ValueError("at least one deployment is needed")
+        self.by_name = {deployment.name: deployment for deployment in deployments}
+        self.default = deployments[0]
+
+    def __iter__(self) -> Iterator[Deployment]:
+        return iter(self.by_name.values())
+
+    def get(self, name: str | None, version: str | None = None) -> Deployment:
+        """The deployment serving ``name`` (the default when None), at ``version`` if given.
+
+        :raises ModelNotFound: no such model, or not that version.
+        """
+        if name is None:
+            return self.default
+        deployment = self.by_name.get(name)
+        if deployment is None:
+            raise ModelNotFound(f"no model named {name!r} is served")
+        if version is not None and version != deployment.config.version:
+            raise ModelNotFound(f"model {name!r} has no version {version!r}")
+        return deployment
+
+    @property
+    def ready(self) -> bool:
+        """Whether every model is loaded, warm and not draining."""
+        return all(deployment.ready for deployment in self.by_name.values())
+
+
+class DataPlane:
+    """Resolve, deadline, submit, wait, record: what every door does with a request.
+
+    :param deployments: the models served.
+    :param metrics: where requests are counted and timed.
+    """
+
+    def __init__(self, deployments: Deployments, metrics: Metrics) -> None:
+        self.deployments = deployments
+        self.metrics = metrics
+        self._request_counters: dict[tuple[str, int], Counter] = {}
+
+    def deployment(self, name: str | None, version: str | None = None) -> Deployment:
+        """See :meth:`Deployments.get`."""
+        return self.deployments.get(name, version)
+
+    @staticmethod
+    def now() -> float:
+        """The event loop's clock, which deadlines are measured on."""
+        return asyncio.get_running_loop().time()
+
+    def deadline(self, deployment: Deployment, timeout: float | None = None) -> float:
+        """The loop time by which a request must be answered: the model's timeout, lowered
+        (never raised) by the ``timeout`` seconds the client asked for."""
+        limit = deployment.config.batching.timeout
+        if timeout is not None:
+            limit = min(limit, timeout)
+        return self.now() + limit
+
+    async def infer(
+        self,
+        deployment: Deployment,
+        inputs: list[Any],
+        *,
+        deadline: float,
+        request_id: str = "",
+        disconnected: Callable[[], Awaitable[None]] | None = None,
+    ) -> list[Any] | None:
+        """Queue ``inputs`` and wait for their outputs, in order; None when the client went
+        away first (``disconnected`` returned), in which case its items are dropped before
+        they reach the model, wherever they are in the queue.
+
+        :raises UnprocessableInput: the model cannot tokenise an input.
+        :raises DeadlineExceeded: not served before ``deadline``.
+        :raises BatchingError: refused at admission (see :meth:`Batcher.submit`).
+        """
+        try:
+            tokens = await deployment.tokens_of(inputs)
+        except Exception as exc:
+            raise UnprocessableInput(f"the model cannot tokenize this input: {exc}") from None
+        future = deployment.batcher.submit(
+            inputs, deadline=deadline, tokens=tokens, request_id=request_id
+        )
+        watcher = asyncio.ensure_future(disconnected()) if disconnected is not None else None
+        waited: set[asyncio.Future[Any]] = {future} if watcher is None else {future, watcher}
+        try:
+            async with asyncio.timeout_at(deadline):
+                await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+        except TimeoutError:
+            future.cancel()
+            raise DeadlineExceeded(
+                f"the request was not served within its deadline of "
+                f"{deployment.config.batching.timeout:g}s or the one it asked for"
+            ) from None
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+        if not future.done():
+            future.cancel()
+            return None
+        return future.result()
+
+    def record(self, deployment: Deployment, status: int, started: float) -> None:
+        """Count one answered request under ``status`` and time it from ``started``."""
+        key = (deployment.name, status)
+        counter = self._request_counters.get(key)
+        if counter is None:
+            counter = self.metrics.requests.labels(deployment.name, str(status))
+            self._request_counters[key] = counter
+        counter.inc()
+        self.metrics.request_latency.labels(deployment.name).observe(self.now() - started)

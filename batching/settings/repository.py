@@ -1,0 +1,392 @@
+"""The model repository: several models in one server, each described by TOML.
+
+``--model-repository PATH`` names a directory with one folder per model, each holding a
+``config.toml``, or one ``.toml`` file with a ``[models.<name>]`` table per model. The format,
+in Triton's vocabulary, is documented in ``docs/model-repository.md``; every key is checked here
+and a bad one stops the start-up with a message naming the file and the dotted key.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from batching.config import INSTANCE_KINDS, POLICIES, WARMUP_DATA, BatchingConfig, ModelConfig
+from batching.models.source import ModelSource, ModelSourceError
+
+from ._toml import MISSING, Table, is_int, show
+
+__all__ = ["RepositoryError", "load_repository", "model_from_table"]
+
+#: The file each model folder of a repository directory holds.
+CONFIG_FILE = "config.toml"
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_CLASS_SPEC = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+
+_TOP_KEYS = (
+    "name",
+    "source",
+    "task",
+    "version",
+    "max_batch_size",
+    "dynamic_batching",
+    "queue_policy",
+    "instance_group",
+    "warmup",
+)
+
+
+class RepositoryError(ValueError):
+    """Raised when a model repository cannot be served; the message names file and key."""
+
+
+def model_from_table(
+    data: dict[str, Any],
+    *,
+    file: str,
+    folder: Path,
+    default_name: str,
+    path: str = "",
+    own_folder: bool = False,
+    defaults: ModelConfig | None = None,
+) -> ModelConfig:
+    """One model's configuration from its parsed TOML table.
+
+    :param file: the file, as messages should name it.
+    :param folder: what relative paths resolve against.
+    :param default_name: the name when the table has none.
+    :param path: the table's dotted path in ``file`` ("" for a whole ``config.toml``).
+    :param own_folder: ``folder`` is the model's own folder, served itself when it holds
+        ``config.json`` and no source is given.
+    :param defaults: values for keys the table leaves out (the command line's flags).
+    :raises RepositoryError: naming ``file`` and the key at fault.
+    """
+    base = defaults or ModelConfig(name=default_name)
+    base_batching = base.batching
+    top = Table(data, file, path, raises=RepositoryError)
+
+    name = top.string("name") or default_name
+    if not _NAME.match(name):
+        raise top.error(
+            "name",
+            "must be letters, digits, '.', '_' or '-', starting with a letter or digit"
+            + ("" if "name" in data else " (it defaults to the folder name)"),
+            name,
+        )
+    source = _source(top, folder, own_folder)
+    task = top.string("task")
+    if task is not None and (source is None or _CLASS_SPEC.match(source)):
+        raise top.error("task", "applies only when source is a model folder", task)
+    try:
+        spec = ModelSource.parse(source, task)
+    except ModelSourceError as exc:
+        raise top.error("source", str(exc), source) from exc
+    version = top.get("version")
+    if version is MISSING:
+        version = base.version
+    elif is_int(version) and version >= 0:
+        version = str(version)
+    elif not isinstance(version, str) or not version or "/" in version:
+        raise top.error("version", "must be a non-empty string without '/'", version)
+    max_batch_size = top.integer("max_batch_size", base_batching.max_batch_size)
+
+    batching = _batching(top, base_batching, max_batch_size)
+    devices, instance_kind = _instances(top, base)
+    warmup_sizes, warmup_data, warmup_file = _warmup(top, base, folder, max_batch_size)
+    top.finish(_TOP_KEYS)
+    try:
+        return ModelConfig(
+            name=name,
+            source=source,
+            task=task,
+            spec=spec,
+            devices=devices,
+            instance_kind=instance_kind,
+            version=str(version),
+            batching=batching,
+            warmup_batch_sizes=warmup_sizes,
+            warmup_data=warmup_data,
+            warmup_file=warmup_file,
+        )
+    except ValueError as exc:  # cross-field rules the checks above do not cover
+        raise RepositoryError(f"{file}: {path + ': ' if path else ''}{exc}") from exc
+
+
+def _source(top: Table, folder: Path, own_folder: bool) -> str | None:
+    source = top.string("source")
+    if source is None:
+        if own_folder and (folder / "config.json").is_file():
+            return str(folder.resolve())
+        return None
+    if source == "default":
+        return None
+    candidate = Path(source).expanduser()
+    if not candidate.is_absolute():
+        candidate = folder / candidate
+    if candidate.is_dir():
+        return str(candidate.resolve())
+    if not _CLASS_SPEC.match(source):
+        raise top.error(
+            "source",
+            f'must be "default", a model folder (looked for {candidate}) or "package.module:Name"',
+            source,
+        )
+    return source
+
+
+def _batching(top: Table, base: BatchingConfig, max_batch_size: int) -> BatchingConfig:
+    dynamic = top.table("dynamic_batching")
+    queue = top.table("queue_policy")
+    delay_ms = base.max_queue_delay * 1000
+    preferred = tuple(size for size in base.preferred_batch_sizes if size <= max_batch_size)
+    policy, latency_ms, batch_tokens = base.policy, base.max_latency * 1000, base.max_batch_tokens
+    if dynamic is not None:
+        delay_ms = dynamic.number("max_queue_delay_ms", delay_ms)
+        listed = dynamic.sizes("preferred_batch_size", max_batch_size)
+        preferred = preferred if listed is None else listed
+        policy = dynamic.choice("policy", POLICIES, policy)
+        latency_ms = dynamic.number("max_latency_ms", latency_ms, positive=True)
+        tokens = dynamic.optional_integer("max_batch_tokens")
+        batch_tokens = batch_tokens if tokens is None else tokens
+        dynamic.finish(
+            (
+                "max_queue_delay_ms",
+                "preferred_batch_size",
+                "policy",
+                "max_latency_ms",
+                "max_batch_tokens",
+            )
+        )
+    queue_size, timeout_ms = base.max_queue_size, base.timeout * 1000
+    items_per_request = base.max_items_per_request
+    if queue is not None:
+        queue_size = queue.integer("max_queue_size", queue_size)
+        timeout_ms = queue.number("timeout_ms", timeout_ms, positive=True)
+        items_per_request = queue.integer("max_items_per_request", items_per_request)
+        queue.finish(("max_queue_size", "timeout_ms", "max_items_per_request"))
+    if delay_ms >= timeout_ms:
+        if dynamic is not None and "max_queue_delay_ms" in dynamic.data:
+            raise dynamic.error(
+                "max_queue_delay_ms",
+                f"must be below the request timeout ({timeout_ms:g} ms)",
+                dynamic.data["max_queue_delay_ms"],
+            )
+        assert queue is not None  # the inherited values were valid together
+        raise queue.error(
+            "timeout_ms",
+            f"must be above the batch window ({delay_ms:g} ms)",
+            queue.data["timeout_ms"],
+        )
+    return replace(
+        base,
+        max_batch_size=max_batch_size,
+        max_queue_delay=delay_ms / 1000,
+        preferred_batch_sizes=preferred,
+        max_batch_tokens=batch_tokens,
+        policy=policy,
+        max_latency=latency_ms / 1000,
+        max_queue_size=queue_size,
+        timeout=timeout_ms / 1000,
+        max_items_per_request=items_per_request,
+    )
+
+
+def _instances(top: Table, base: ModelConfig) -> tuple[tuple[str, ...], str]:
+    groups = top.get("instance_group")
+    if groups is MISSING:
+        return base.devices, base.instance_kind
+    if not isinstance(groups, list) or not all(isinstance(group, dict) for group in groups):
+        raise top.error("instance_group", "must be an array of tables ([[instance_group]])")
+    if not groups:
+        raise top.error("instance_group", "needs at least one group")
+    devices: list[str] = []
+    kinds: list[str] = []
+    for number, data in enumerate(groups):
+        group = Table(
+            data, top.file, f"{top.where('instance_group')}[{number}]", raises=RepositoryError
+        )
+        kind = group.choice("kind", ("cpu", "gpu"), "cpu")
+        count_value = group.get("count")
+        if count_value == "cpu_count":
+            if kind != "cpu":
+                raise group.error("count", '"cpu_count" applies to kind = "cpu" only', count_value)
+            count = os.cpu_count() or 1
+        elif count_value is MISSING:
+            count = 1
+        elif is_int(count_value) and count_value >= 1:
+            count = count_value
+        else:
+            raise group.error("count", 'must be an integer >= 1 or "cpu_count"', count_value)
+        gpus_value = group.get("gpus")
+        if gpus_value is MISSING:
+            gpus = [0]
+        elif kind != "gpu":
+            raise group.error("gpus", 'applies to kind = "gpu" only', gpus_value)
+        elif (
+            not isinstance(gpus_value, list)
+            or not gpus_value
+            or not all(is_int(gpu) and gpu >= 0 for gpu in gpus_value)
+        ):
+            raise group.error("gpus", "must be a non-empty list of integers >= 0", gpus_value)
+        else:
+            gpus = gpus_value
+        execution = group.choice("execution", INSTANCE_KINDS, base.instance_kind)
+        if kinds and execution != kinds[0]:
+            raise group.error(
+                "execution",
+                f"every group of a model must run the same way, and group 0 says {show(kinds[0])}",
+                execution,
+            )
+        kinds.append(execution)
+        group.finish(("count", "kind", "gpus", "execution"))
+        if kind == "cpu":
+            devices.extend("cpu" for _ in range(count))
+        else:
+            devices.extend(f"cuda:{gpu}" for gpu in gpus for _ in range(count))
+    return tuple(devices), kinds[0]
+
+
+def _warmup(
+    top: Table, base: ModelConfig, folder: Path, max_batch_size: int
+) -> tuple[tuple[int, ...], str, str | None]:
+    sizes = tuple(size for size in base.warmup_batch_sizes if size <= max_batch_size)
+    data, file = base.warmup_data, base.warmup_file
+    warmup = top.table("warmup")
+    if warmup is None:
+        return sizes, data, file
+    listed = warmup.sizes("batch_sizes", max_batch_size)
+    sizes = sizes if listed is None else listed
+    given = warmup.get("data")
+    file_value = warmup.string("file")
+    if given is MISSING:
+        data = "file" if file_value is not None else "model"
+    else:
+        data = warmup.choice("data", WARMUP_DATA, data)
+    if data == "file":
+        if file_value is None:
+            raise warmup.error("file", 'is needed with data = "file"')
+        candidate = Path(file_value).expanduser()
+        if not candidate.is_absolute():
+            candidate = folder / candidate
+        if not candidate.is_file():
+            raise warmup.error("file", f"no such file ({candidate})", file_value)
+        file = str(candidate.resolve())
+    elif file_value is not None:
+        raise warmup.error("file", f'applies to data = "file" only, not {show(data)}')
+    else:
+        file = None
+    warmup.finish(("batch_sizes", "data", "file"))
+    return sizes, data, file
+
+
+def _read_toml(file: Path) -> dict[str, Any]:
+    try:
+        with file.open("rb") as handle:
+            return tomllib.load(handle)
+    except tomllib.TOMLDecodeError as exc:
+        raise RepositoryError(f"{file}: not valid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise RepositoryError(f"{file}: not UTF-8: {exc}") from exc
+    except OSError as exc:
+        raise RepositoryError(f"{file}: cannot be read: {exc.strerror or exc}") from exc
+
+
+def _directory_models(
+    root: Path, defaults: ModelConfig | None
+) -> Iterator[tuple[str, ModelConfig]]:
+    if (root / CONFIG_FILE).is_file():
+        raise RepositoryError(
+            f"{root}: holds {CONFIG_FILE} itself; a repository holds one folder per model, "
+            "so point at the folder above it"
+        )
+    folders = sorted(
+        entry
+        for entry in root.iterdir()
+        if entry.is_dir() and not entry.name.startswith((".", "__"))
+    )
+    for folder in folders:
+        file = folder / CONFIG_FILE
+        if not file.is_file():
+            raise RepositoryError(
+                f"{folder}: no {CONFIG_FILE} (each folder of a model repository is one model)"
+            )
+        model = model_from_table(
+            _read_toml(file),
+            file=str(file),
+            folder=folder,
+            default_name=folder.name,
+            own_folder=True,
+            defaults=defaults,
+        )
+        yield str(file), model
+
+
+def _file_models(file: Path, defaults: ModelConfig | None) -> Iterator[tuple[str, ModelConfig]]:
+    data = _read_toml(file)
+    for key in data:
+        if key != "models":
+            raise RepositoryError(
+                f"{file}: {key}: unknown key (a repository file holds only [models.<name>] tables)"
+            )
+    models = data.get("models", {})
+    if not isinstance(models, dict):
+        raise RepositoryError(f"{file}: models: must be a table of [models.<name>] tables")
+    for name, table in models.items():
+        if not isinstance(table, dict):
+            raise RepositoryError(
+                f"{file}: models.{name}: must be a table ([models.{name}]), got {show(table)}"
+            )
+        model = model_from_table(
+            table,
+            file=str(file),
+            folder=file.parent,
+            default_name=name,
+            path=f"models.{name}",
+            defaults=defaults,
+        )
+        yield f"{file} (models.{name})", model
+
+
+def load_repository(
+    path: str | os.PathLike[str], *, defaults: ModelConfig | None = None
+) -> tuple[ModelConfig, ...]:
+    """Every model of the repository at ``path``: a directory of model folders, or one
+    ``.toml`` file (the module docstring describes both).
+
+    :param defaults: values for keys a model leaves out (its ``name`` and ``source`` are
+        ignored); the built-in defaults when None.
+    :raises RepositoryError: for anything that cannot be served, naming file and key.
+    """
+    root = Path(path)
+    read: Callable[[Path, ModelConfig | None], Iterator[tuple[str, ModelConfig]]]
+    if root.is_dir():
+        read = _directory_models
+    elif root.is_file() and root.suffix == ".toml":
+        read = _file_models
+    elif root.exists():
+        raise RepositoryError(f"{root}: a model repository is a directory or a .toml file")
+    else:
+        raise RepositoryError(f"{root}: no such directory or file")
+    seen: dict[str, str] = {}
+    models: list[ModelConfig] = []
+    for where, model in read(root, defaults):
+        if model.name in seen:
+            raise RepositoryError(
+                f"{where}: name: {show(model.name)} is already the name of the model in "
+                f"{seen[model.name]}"
+            )
+        seen[model.name] = where
+        models.append(model)
+    if not models:
+        raise RepositoryError(
+            f"{root}: no models (add a folder with a {CONFIG_FILE} per model)"
+            if root.is_dir()
+            else f"{root}: no models (add a [models.<name>] table per model)"
+        )
+    return tuple(models)

@@ -1,0 +1,87 @@
+"""The app embedded in a host application changes nothing process-wide; ``server.py``, the
+composition root, is where the process-wide settings live."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import os
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+from asgi_lifespan import LifespanManager
+from fastapi import FastAPI
+
+import server
+from batching import BatchingConfig, ModelConfig, create_app
+from batching.settings.cli import parse_settings
+from tests.support.asgi import serving
+
+pytestmark = pytest.mark.anyio
+
+ECHO = "tests.support.models:EchoModel"
+
+
+@contextlib.contextmanager
+def unfrozen() -> Iterator[None]:
+    gc.unfreeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def host_with_batching(ready: asyncio.Event) -> FastAPI:
+    inference = create_app(
+        ModelConfig(name="echo", source=ECHO, batching=BatchingConfig(max_batch_size=4)),
+        on_ready=lambda *_: ready.set(),
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with inference.router.lifespan_context(inference):
+            yield
+
+    host = FastAPI(lifespan=lifespan)
+    host.mount("/ml", inference)
+    return host
+
+
+async def test_an_embedded_app_leaves_the_hosts_gc_environment_and_logging_alone() -> None:
+    environ_before = dict(os.environ)
+    logger = logging.getLogger("batching")
+    logging_before = (logger.level, logger.propagate, list(logger.handlers))
+    ready = asyncio.Event()
+    with unfrozen():
+        async with LifespanManager(host_with_batching(ready), startup_timeout=30) as manager:
+            transport = httpx.ASGITransport(app=manager.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://host") as client:
+                async with asyncio.timeout(30):
+                    await ready.wait()
+                assert (await client.get("/ml/v2/health/ready")).status_code == 200
+                answer = await client.post("/ml/models/echo", json={"inputs": ["hi"]})
+                assert answer.status_code == 200, answer.text
+                assert answer.json()["outputs"] == [{"input": "hi", "length": 2}]
+        assert gc.get_freeze_count() == 0
+    assert dict(os.environ) == environ_before
+    assert (logger.level, logger.propagate, list(logger.handlers)) == logging_before
+
+
+async def test_the_server_freezes_what_it_loaded_once_a_model_is_ready(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(variable, raising=False)  # build() sets them; undone after
+    settings = parse_settings(["--model", ECHO], {})
+    with unfrozen():
+        async with serving(server.build(settings)):
+            assert gc.get_freeze_count() > 0
+
+
+def test_the_server_sets_its_environment_defaults_when_imported() -> None:
+    # server.py is imported above, so its defaults are in place for the model libraries.
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
