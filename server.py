@@ -13,6 +13,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable, Sequence
 
@@ -26,7 +27,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 import uvicorn  # noqa: E402
 from starlette.applications import Starlette  # noqa: E402
 
-from batching.http.app import create_app  # noqa: E402
+from batching.app import create_app  # noqa: E402
 from batching.logs import configure_logging, uvicorn_log_config  # noqa: E402
 from batching.runtime.deployment import Deployment  # noqa: E402
 from batching.runtime.warmup import InstanceInfo  # noqa: E402
@@ -48,7 +49,11 @@ def freeze_loaded_objects(deployment: Deployment, index: int, info: InstanceInfo
     gc.freeze()
 
 
-def build(settings: ServerSettings, on_load_failure: OnLoadFailure | None = None) -> Starlette:
+def build(
+    settings: ServerSettings,
+    on_load_failure: OnLoadFailure | None = None,
+    on_grpc_failure: Callable[[str], None] | None = None,
+) -> Starlette:
     """The app for ``settings``."""
     # torch reads these when it is first imported (by an instance, later); process
     # instances inherit them. Each instance's thread team then fits its share of the cores.
@@ -60,10 +65,39 @@ def build(settings: ServerSettings, on_load_failure: OnLoadFailure | None = None
         shutdown_timeout=settings.shutdown_timeout,
         on_ready=freeze_loaded_objects,
         on_load_failure=on_load_failure,
+        grpc_port=settings.grpc_port,
+        grpc_host=settings.host,
+        grpc_port_explicit=settings.grpc_port_explicit,
+        on_grpc_failure=on_grpc_failure,
     )
 
 
+class _Server(uvicorn.Server):
+    """uvicorn, and the moment it stops taking HTTP connections, the app stops taking gRPC
+    calls: both drain at once, within the same shutdown timeout."""
+
+    def __init__(self, config: uvicorn.Config, app: Starlette, grace: float) -> None:
+        super().__init__(config)
+        self.batching_app = app
+        self.grace = grace
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        grpc_server = self.batching_app.state.grpc
+        if grpc_server is not None:
+            grpc_server.begin_stop(self.grace)
+        await super().shutdown(sockets)
+
+
 def _log_start(settings: ServerSettings) -> None:
+    cpu_instances = sum(
+        len([d for d in model.devices if not d.startswith("cuda")]) for model in settings.models
+    )
+    logger.info(
+        "CPU: %s; %d torch threads for each of %d CPU instances",
+        settings.cpu_budget.describe(),
+        settings.torch_threads,
+        cpu_instances,
+    )
     for model in settings.models:
         batching = model.batching
         logger.info(
@@ -98,15 +132,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         if server is not None:
             server.should_exit = True
 
+    def stop_on_grpc_failure(reason: str) -> None:
+        failures.append(reason)
+        if server is not None:
+            server.should_exit = True
+
+    app = build(settings, stop_on_load_failure, stop_on_grpc_failure)
     config = uvicorn.Config(
-        build(settings, stop_on_load_failure),
+        app,
         host=settings.host,
         port=settings.port,
         log_config=uvicorn_log_config(settings.log_level, settings.log_format),
         timeout_graceful_shutdown=int(settings.shutdown_timeout),
         access_log=False,
     )
-    server = uvicorn.Server(config)
+    server = _Server(config, app, settings.shutdown_timeout)
     server.run()
     if failures:
         print(f"server.py: error: {failures[0]}", file=sys.stderr)
@@ -120,6 +160,11 @@ def _stop_this_process(deployment: Deployment, index: int, reason: str) -> None:
     signal.raise_signal(signal.SIGTERM)
 
 
+def _stop_this_process_for_grpc(reason: str) -> None:
+    logger.error("%s; stopping the server", reason)
+    signal.raise_signal(signal.SIGTERM)
+
+
 def __getattr__(name: str) -> Starlette:
     # ``uvicorn server:app`` asks for ``app``; build it from BATCHING_* variables only then,
     # so importing this module (the console script does) costs nothing.
@@ -127,7 +172,7 @@ def __getattr__(name: str) -> Starlette:
         raise AttributeError(name)
     settings = parse_settings([], os.environ)
     configure_logging(settings.log_level, settings.log_format)
-    return build(settings, _stop_this_process)
+    return build(settings, _stop_this_process, _stop_this_process_for_grpc)
 
 
 if __name__ == "__main__":

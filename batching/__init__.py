@@ -25,7 +25,7 @@ from .errors import (
 from .models import DEFAULT_MODEL_NAME, Model, ModelBase, ModelSource
 
 if TYPE_CHECKING:
-    from .http.app import create_app
+    from .app import create_app
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -51,7 +51,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "create_app":
-        from .http.app import create_app
+        from .app import create_app
 
         return create_app
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,12 +1,17 @@
-"""Prometheus metrics, bound to one registry per app so tests and embedded apps never collide."""
+"""Prometheus metrics, bound to one registry per app so tests and embedded apps never collide,
+and each model's running statistics (what Triton's statistics extension reports)."""
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from batching.runtime.deployment import Deployment
 
-__all__ = ["Metrics", "ModelEvents"]
+__all__ = ["Duration", "Metrics", "ModelEvents", "ModelStatistics"]
 
 _LATENCY_BUCKETS = tuple(0.0005 * 2**i for i in range(16))  # 0.5 ms .. ~16 s
 
@@ -119,10 +124,74 @@ class Metrics:
             self.warmup.labels(deployment.name).set(deployment.warmup_s[-1])
 
 
+@dataclass(slots=True)
+class Duration:
+    """A count and the nanoseconds they took in all."""
+
+    count: int = 0
+    ns: int = 0
+
+    def add(self, seconds: float, count: int = 1) -> None:
+        self.count += count
+        self.ns += max(0, round(seconds * 1e9))
+
+
+class ModelStatistics:
+    """One model's cumulative request and batch statistics since the server started, in
+    Triton's terms, fed by the batcher's events on the event loop.
+
+    Per request (as Triton counts them): ``success`` and ``fail`` time the whole stay in the
+    batcher, from enqueue to answer; for successful requests, ``queue`` is the time until the
+    request's first batch started and ``compute_infer`` the model's compute time of every batch
+    it ran in (a batch's full time for each request in it). Per batch: ``executions`` and
+    ``inference_count`` (items), and for each batch size the batches run and their compute.
+
+    :param clock: wall-clock seconds since the epoch, for the time of the last inference.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self.success = Duration()
+        self.fail = Duration()
+        self.queue = Duration()
+        self.compute_infer = Duration()
+        #: Items run (each item of a batch counts once).
+        self.inference_count = 0
+        #: Batches run.
+        self.execution_count = 0
+        #: Milliseconds since the epoch when the last batch finished; 0 before the first.
+        self.last_inference_ms = 0
+        #: Batch size -> batches of that size run and their compute time.
+        self.batches: dict[int, Duration] = {}
+
+    def request_done(self, queue_s: float, compute_s: float, total_s: float, ok: bool) -> None:
+        if not ok:
+            self.fail.add(total_s)
+            return
+        self.success.add(total_s)
+        self.queue.add(queue_s)
+        self.compute_infer.add(compute_s)
+
+    def request_refused(self) -> None:
+        """A request refused at admission: a failure that took no time in the batcher."""
+        self.fail.add(0.0)
+
+    def batch_done(self, items: int, compute_s: float) -> None:
+        self.inference_count += items
+        self.execution_count += 1
+        self.last_inference_ms = int(self._clock() * 1000)
+        size = self.batches.get(items)
+        if size is None:
+            size = self.batches[items] = Duration()
+        size.add(compute_s)
+
+
 class ModelEvents:
-    """The batcher's observer for one model: turns its events into samples."""
+    """The batcher's observer for one model: turns its events into samples and statistics."""
 
     def __init__(self, metrics: Metrics, model: str) -> None:
+        #: What Triton's statistics extension reports about this model.
+        self.statistics = ModelStatistics()
         self._batch_size = metrics.batch_size.labels(model)
         self._batch_tokens = metrics.batch_tokens.labels(model)
         self._compute = metrics.batch_compute.labels(model)
@@ -141,9 +210,14 @@ class ModelEvents:
         self._compute.observe(compute_s)
         self._queue_wait.observe(queue_wait)
         self._release.labels(self._model, reason).inc()
+        self.statistics.batch_done(items, compute_s)
+
+    def request_done(self, queue_s: float, compute_s: float, total_s: float, ok: bool) -> None:
+        self.statistics.request_done(queue_s, compute_s, total_s, ok)
 
     def rejected(self, reason: str) -> None:
         self._rejected.labels(self._model, reason).inc()
+        self.statistics.request_refused()
 
     def dropped(self, reason: str, items: int) -> None:
         self._dropped.labels(self._model, reason).inc(items)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.metrics import Counter
@@ -20,7 +21,7 @@ from batching.errors import DeadlineExceeded, ModelNotFound, UnprocessableInput
 from batching.metrics import Metrics
 from batching.runtime.deployment import Deployment
 
-__all__ = ["DataPlane", "Deployments"]
+__all__ = ["DataPlane", "Deployments", "TokenCounts"]
 
 
 class Deployments:
@@ -55,6 +56,21 @@ class Deployments:
         return all(deployment.ready for deployment in self.by_name.values())
 
 
+@dataclass(frozen=True, slots=True)
+class TokenCounts:
+    """What a model's tokenizer says about a request's inputs, one entry per input.
+
+    Each list is None when the model cannot count (it has no ``count_tokens``).
+    """
+
+    #: Tokens the model runs: special tokens included, after truncation at its max length
+    #: (its ``count_tokens``, as token-aware batching counts them).
+    used: list[int] | None
+    #: Tokens before truncation, counted no further than the limit asked for (its
+    #: ``token_length``; its ``count_tokens`` when it has none); None when no limit was asked.
+    lengths: list[int] | None
+
+
 class DataPlane:
     """Resolve, deadline, submit, wait, record: what every door does with a request.
 
@@ -84,6 +100,37 @@ class DataPlane:
             limit = min(limit, timeout)
         return self.now() + limit
 
+    async def count_tokens(
+        self, deployment: Deployment, inputs: list[Any], *, limit: int | None = None
+    ) -> TokenCounts:
+        """Count the tokens of ``inputs`` with the model's own tokenizer, whether or not it is
+        batched by tokens: for usage reports, and with ``limit`` for request limits (each
+        input's length before truncation, counted no further than ``limit``).
+
+        :raises UnprocessableInput: the model cannot tokenise an input.
+        """
+        hooks = await deployment.counting_hooks()
+        count, length = hooks.count_tokens, hooks.token_length
+        if count is None:
+            return TokenCounts(None, None)
+
+        def counted() -> TokenCounts:
+            assert count is not None
+            used = [count(item) for item in inputs]
+            if limit is None:
+                return TokenCounts(used, None)
+            if length is None:
+                return TokenCounts(used, used)
+            return TokenCounts(used, [length(item, limit) for item in inputs])
+
+        try:
+            if len(inputs) <= 16:
+                return counted()
+            # Tokenizing a large request would hold up every other request on the loop.
+            return await asyncio.to_thread(counted)
+        except Exception as exc:
+            raise UnprocessableInput(f"the model cannot tokenize this input: {exc}") from None
+
     async def infer(
         self,
         deployment: Deployment,
@@ -92,19 +139,25 @@ class DataPlane:
         deadline: float,
         request_id: str = "",
         disconnected: Callable[[], Awaitable[None]] | None = None,
+        tokens: list[int] | None = None,
     ) -> list[Any] | None:
         """Queue ``inputs`` and wait for their outputs, in order; None when the client went
         away first (``disconnected`` returned), in which case its items are dropped before
         they reach the model, wherever they are in the queue.
 
+        :param tokens: the inputs' ``count_tokens``, when the door has already counted them
+            (:meth:`count_tokens`); counted here when the model is batched by tokens otherwise.
         :raises UnprocessableInput: the model cannot tokenise an input.
         :raises DeadlineExceeded: not served before ``deadline``.
         :raises BatchingError: refused at admission (see :meth:`Batcher.submit`).
         """
-        try:
-            tokens = await deployment.tokens_of(inputs)
-        except Exception as exc:
-            raise UnprocessableInput(f"the model cannot tokenize this input: {exc}") from None
+        if deployment.count_tokens is None:
+            tokens = None
+        elif tokens is None or len(tokens) != len(inputs):
+            try:
+                tokens = await deployment.tokens_of(inputs)
+            except Exception as exc:
+                raise UnprocessableInput(f"the model cannot tokenize this input: {exc}") from None
         future = deployment.batcher.submit(
             inputs, deadline=deadline, tokens=tokens, request_id=request_id
         )
@@ -119,6 +172,11 @@ class DataPlane:
                 f"the request was not served within its deadline of "
                 f"{deployment.config.batching.timeout:g}s or the one it asked for"
             ) from None
+        except asyncio.CancelledError:
+            # The door's own task was cancelled (its call or connection ended): the items are
+            # dropped wherever they are in the queue, never computed for nobody.
+            future.cancel()
+            raise
         finally:
             if watcher is not None:
                 watcher.cancel()

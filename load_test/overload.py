@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import subprocess
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -45,6 +46,29 @@ TARGETS = {
     "p99_503_ms_below": 10.0,
     "rss_growth_mb_below": 50.0,
 }
+
+
+#: The server must reach at least this share of the model's offline items/s at batch 32 (64
+#: one-text clients form batches of 32) for an overload run to describe the server at all.
+MIN_CAPACITY_SHARE = 0.5
+CAPACITY_CHECK = "capacity at least half the model's offline capacity"
+
+
+def offline_capacity(server_args: Sequence[str], seconds: float) -> float:
+    """Items/s of the served model called directly at batch 32 (``benchmarks/offline.py``)."""
+    flags = {"--model": None, "--task": None}
+    for index, arg in enumerate(server_args[:-1]):
+        if arg in flags:
+            flags[arg] = server_args[index + 1]
+    command = [sys.executable, str(ROOT / "benchmarks" / "offline.py"), "--batch", "32"]
+    command += ["--seconds", str(seconds)]
+    for flag, value in flags.items():
+        if value is not None:
+            command += [flag, value]
+    finished = subprocess.run(command, capture_output=True, text=True, check=False, cwd=ROOT)
+    if finished.returncode != 0:
+        raise RuntimeError(f"measuring the model offline failed: {finished.stderr.strip()}")
+    return float(json.loads(finished.stdout.strip().splitlines()[-1])["items_per_s"])
 
 
 def rss_mb(pid: int) -> float:
@@ -104,6 +128,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--deadline-ms", type=float, default=2000.0, help="the server's --timeout-ms"
     )
+    parser.add_argument(
+        "--offline-seconds",
+        type=float,
+        default=4.0,
+        help="measure the model offline this long first, to tell a starved server from a slow "
+        "model (0: skip; needs the server's own repository)",
+    )
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument(
         "--server-cmd",
@@ -114,6 +145,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     payloads = build_payloads(api="plain", items=(1, 1), count=1024, seed=1)
+    # Before the server starts, so that the two never compete for the cores.
+    offline = (
+        offline_capacity(args.server_args, args.offline_seconds) if args.offline_seconds else None
+    )
     log = ROOT / "load_test_results" / "overload-server.log"
     server_args = ["--timeout-ms", str(args.deadline_ms), *args.server_args]
     with ServerProcess(server_args, command=args.server_cmd, cwd=ROOT, log_path=log) as server:
@@ -158,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = outcome_table(overload)
     report.update(
         capacity_requests_per_s=capacity,
+        offline_items_per_s_batch_32=offline,
         arrival_rate=rate,
         deadline_ms=args.deadline_ms,
         rss_before_mb=rss_before,
@@ -173,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         + report["invalid_answers"]
     )
     checks = {
+        CAPACITY_CHECK: offline is None or capacity >= MIN_CAPACITY_SHARE * offline,
         "0 lost or hung requests": lost == 0,
         "0 unexpected 5xx": unexpected == 0,
         "p99 of 503 answers < 10 ms": (report["p99_503_ms"] or 0) < 10,
@@ -184,6 +221,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(json.dumps({k: v for k, v in report.items() if k != "checks"}, indent=2))
     for name, passed in checks.items():
         print(f"{'PASS' if passed else 'FAIL'}  {name}")
+    if offline is not None and not checks[CAPACITY_CHECK]:
+        print(
+            f"the server's capacity ({capacity:.0f} requests/s of one text, 64 clients) is far "
+            f"below the model's offline capacity on this machine ({offline:.0f} items/s at batch "
+            "32): something starves the server (another process on the cores, too many "
+            "threads), so the overload figures above describe that, not the server",
+            file=sys.stderr,
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))

@@ -25,11 +25,15 @@ class Recorder:
         self.batches: list[tuple[int, int, str]] = []
         self.rejections: list[str] = []
         self.drops: list[tuple[str, int]] = []
+        self.requests: list[tuple[float, float, float, bool]] = []
 
     def batch_done(
         self, items: int, tokens: int, reason: str, queue_wait: float, compute_s: float
     ) -> None:
         self.batches.append((items, tokens, reason))
+
+    def request_done(self, queue_s: float, compute_s: float, total_s: float, ok: bool) -> None:
+        self.requests.append((queue_s, compute_s, total_s, ok))
 
     def rejected(self, reason: str) -> None:
         self.rejections.append(reason)
@@ -45,7 +49,9 @@ class Recorder:
 def make_batcher(instances: int = 1, **settings: Any) -> tuple[Batcher, Recorder]:
     config = BatchingConfig(**settings)
     events = Recorder()
-    batcher = Batcher("m", config, FixedPolicy(config.max_queue_delay), events)
+    # Requests are timed on the virtual clock too, so their reported times are exact.
+    clock = asyncio.get_running_loop().time
+    batcher = Batcher("m", config, FixedPolicy(config.max_queue_delay), events, clock=clock)
     batcher.instances = instances
     batcher.ready_instances = instances
     return batcher, events
@@ -494,6 +500,89 @@ def test_lengths_far_apart_are_not_mixed_even_when_the_batch_has_room() -> None:
         await asyncio.gather(blocker, *futures)
         # Room for 8, but 256- and 200-token texts would pad the short ones 10x.
         assert [inputs for _, inputs in runner.batches] == [["busy"], ["S0", "M0"], ["L0", "L1"]]
+        await finish(task)
+
+    run_virtual(main)
+
+
+# --- request_done: each request's queue, compute and whole time, reported once --------------
+
+
+def test_request_done_times_queue_compute_and_total_per_request() -> None:
+    async def main() -> None:
+        batcher, events = make_batcher(max_batch_size=8, max_queue_delay=0.0)
+        runner = ScriptedRunner(cost=lambda n: 10 * MS)
+        task = serve(batcher, runner)
+        blocker = await occupy(batcher, runner)  # runs 0 .. 10 ms
+        await at(4 * MS)
+        waiting = batcher.submit(["w"], deadline=FAR)  # waits 4 .. 10 ms, runs 10 .. 20 ms
+        await asyncio.gather(blocker, waiting)
+        assert events.requests == [
+            pytest.approx((0.0, 10 * MS, 10 * MS, True)),
+            pytest.approx((6 * MS, 10 * MS, 16 * MS, True)),
+        ]
+        await finish(task)
+
+    run_virtual(main)
+
+
+def test_a_split_request_is_reported_once_with_the_compute_of_all_its_batches() -> None:
+    async def main() -> None:
+        batcher, events = make_batcher(max_batch_size=8)
+        runner = ScriptedRunner(cost=lambda n: n * MS)
+        task = serve(batcher, runner)
+        assert len(await batcher.submit(list(range(20)), deadline=FAR)) == 20
+        assert runner.sizes == [8, 8, 4]
+        # Queued until its first batch (at once), computed in all three: 8 + 8 + 4 ms.
+        assert events.requests == [pytest.approx((0.0, 20 * MS, 20 * MS, True))]
+        await finish(task)
+
+    run_virtual(main)
+
+
+def test_failed_cancelled_and_expired_requests_are_reported_once_as_not_ok() -> None:
+    async def main() -> None:
+        batcher, events = make_batcher(max_batch_size=2, max_queue_delay=0.0)
+        batcher.throughput.per_instance = 1e6  # admission expects them in time
+        runner = ScriptedRunner(cost=lambda n: 10 * MS)
+        task = serve(batcher, runner)
+        blocker = await occupy(batcher, runner)
+        gone = batcher.submit(["g1", "g2", "g3"], deadline=FAR)
+        late = batcher.submit(["late"], deadline=5 * MS)
+        await at(1 * MS)
+        gone.cancel()
+        with pytest.raises(DeadlineExceeded):
+            await late
+        await blocker
+        outcomes = sorted(ok for *_, ok in events.requests)
+        assert outcomes == [False, False, True]
+        assert events.drops == [("cancelled", 3), ("deadline", 1)]
+        # Neither ran: all their time was queue time.
+        for queue_s, compute_s, total_s, ok in events.requests:
+            if not ok:
+                assert compute_s == 0.0
+                assert queue_s == pytest.approx(total_s)
+        await finish(task)
+
+    run_virtual(main)
+
+
+def test_a_poisoned_request_is_reported_as_failed_and_the_rest_as_ok() -> None:
+    async def main() -> None:
+        batcher, events = make_batcher(max_batch_size=4, max_queue_delay=1 * MS)
+
+        async def fragile(inputs: list[Any]) -> tuple[Sequence[Any], float]:
+            if "poison" in inputs:
+                raise ValueError("bad input")
+            return list(inputs), 1 * MS
+
+        task = asyncio.get_running_loop().create_task(batcher.serve(fragile))
+        good = batcher.submit(["a"], deadline=FAR)
+        bad = batcher.submit(["poison"], deadline=FAR)
+        assert await good == ["a"]
+        with pytest.raises(InferenceFailed):
+            await bad
+        assert sorted(ok for *_, ok in events.requests) == [False, True]
         await finish(task)
 
     run_virtual(main)

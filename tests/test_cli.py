@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from batching.config import ModelConfig
+from batching.runtime.cpus import CpuBudget
 from batching.settings.cli import build_parser, parse_settings, torch_threads_for
 
 FLAGS = [
@@ -131,8 +130,7 @@ def test_parse_settings_shares_the_machines_cores_unless_the_operator_chose(
     environ: dict[str, str],
     cores: int,
     threads: int,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # parse_settings reads the core count itself: pin it, so no result depends on this machine.
-    monkeypatch.setattr(os, "cpu_count", lambda: cores)
-    assert parse_settings(argv, environ).torch_threads == threads
+    # The budget is injected, so no result depends on this machine.
+    budget = CpuBudget(affinity=cores, quota=None)
+    assert parse_settings(argv, environ, budget).torch_threads == threads

@@ -11,7 +11,10 @@ import tritonclient.http as triton
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batching.codecs.kserve import (
+from batching.errors import InvalidRequest, UnprocessableInput
+from batching.kserve.request import parse_infer_request
+from batching.kserve.response import encode_infer_response
+from batching.kserve.tensors import (
     DATATYPES,
     InferRequest,
     InferTensor,
@@ -20,9 +23,6 @@ from batching.codecs.kserve import (
     rows_from_tensor,
     tensor_from_rows,
 )
-from batching.codecs.kserve_request import parse_infer_request
-from batching.codecs.kserve_response import encode_infer_response
-from batching.errors import InvalidRequest, UnprocessableInput
 
 # One sample per datatype, holding each type's extremes where it has them.
 SAMPLES: dict[str, np.ndarray] = {

@@ -51,7 +51,7 @@ def _sync_round_trip(url: str, binary: bool) -> None:
         assert client.is_server_ready()
         assert client.is_model_ready("vectors")
         metadata = client.get_model_metadata("vectors")
-        assert metadata["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+        assert metadata["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1, 1]}]
         assert metadata["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [-1, 4]}]
         assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
         result = client.infer(

@@ -1,5 +1,8 @@
 """The plain protocol: a text body, or JSON ``{"inputs": ...}``, in; ``{"outputs": [...]}`` out.
 
+An item of a model with several named inputs is a JSON object of them, e.g.
+``{"inputs": [{"text": "a", "text_pair": "b"}]}`` for a text-pair classifier.
+
 ``curl -d "some text"`` sends ``application/x-www-form-urlencoded``; a user typing that means
 text, so only an explicit JSON content type, or a body that is a JSON object with an
 ``inputs`` key, is read as JSON.
@@ -7,13 +10,16 @@ text, so only an explicit JSON content type, or a body that is a JSON object wit
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
 from batching.errors import InvalidRequest, UnprocessableInput
 
-__all__ = ["check_texts", "encode_outputs", "parse_inputs"]
+from .inputs import InputSpec, named_item
+
+__all__ = ["check_inputs", "check_texts", "encode_outputs", "parse_inputs"]
 
 
 def parse_inputs(body: bytes, content_type: str) -> list[Any]:
@@ -71,6 +77,23 @@ def check_texts(inputs: list[Any]) -> list[str]:
             raise UnprocessableInput(
                 f"inputs[{index}] is {type(item).__name__}; this model takes text strings"
             )
+    return inputs
+
+
+def check_inputs(inputs: list[Any], specs: Sequence[InputSpec]) -> list[Any]:
+    """The items for a model that declares the inputs ``specs``.
+
+    With several inputs, every item is an object of them by name (``{"text": a,
+    "text_pair": b}``; a lone text stands for the first input when the others are optional),
+    and becomes a dict of the inputs sent. With one text input, every item must be a string.
+    Otherwise the items pass as they are.
+
+    :raises UnprocessableInput: naming the first item that does not fit.
+    """
+    if len(specs) > 1:
+        return [named_item(item, specs, f"inputs[{index}]") for index, item in enumerate(inputs)]
+    if specs and specs[0].datatype == "BYTES":
+        return check_texts(inputs)
     return inputs
 
 

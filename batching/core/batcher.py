@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from batching.errors import DeadlineExceeded, InferenceFailed, NotReady, PayloadTooLarge
@@ -39,8 +41,12 @@ class Batcher:
     :param config: batching and admission settings.
     :param policy: decides the wait window of each forming batch.
     :param events: receives counts and timings.
+    :param clock: seconds, for the per-request times of ``request_done`` only.
 
-    Time is the running loop's clock; tests drive it with a virtual-time loop.
+    Time is the running loop's clock; tests drive it with a virtual-time loop. The times each
+    request reports are read from ``clock`` instead (``time.perf_counter`` by default): under
+    uvloop the loop's clock ticks in whole milliseconds, too coarse for sub-millisecond queue
+    and compute times.
     """
 
     def __init__(
@@ -49,8 +55,10 @@ class Batcher:
         config: BatchingConfig,
         policy: BatchPolicy,
         events: BatchEvents | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.name = name
+        self.clock = clock
         self.config = config
         self.policy = policy
         self.events: BatchEvents = events or NoEvents()
@@ -117,6 +125,7 @@ class Batcher:
             request_id=request_id,
             results=[None] * count,
             unresolved=count,
+            admitted=self.clock(),
         )
         self.queue.put_nowait(Job(request, 0, count))
         self.queued_items += count
@@ -179,12 +188,28 @@ class Batcher:
         if request.future.done():
             # Cancelled by a disconnect or a deadline, or failed with another part of it.
             self.events.dropped("cancelled", job.size)
+            self._report(request)
             return False
         if request.deadline <= asyncio.get_running_loop().time():
             self.events.dropped("deadline", job.size)
             request.fail(DeadlineExceeded("the request's deadline passed while it was queued"))
+            self._report(request)
             return False
         return True
+
+    def _report(self, request: Request) -> None:
+        """Tell the observer how a resolved request went; once per request."""
+        if request.reported:
+            return
+        request.reported = True
+        now = self.clock()
+        started = now if request.started is None else request.started
+        self.events.request_done(
+            started - request.admitted,
+            request.compute_s,
+            now - request.admitted,
+            request.unresolved == 0,
+        )
 
     async def _take(self) -> Job:
         while True:
@@ -313,6 +338,10 @@ class Batcher:
                 continue
             started = loop.time()
             queue_wait = started - min(job.request.enqueued_at for job in jobs)
+            started_by_clock = self.clock()
+            for job in jobs:
+                if job.request.started is None:
+                    job.request.started = started_by_clock
             self.busy_instances += 1
             running = sum(job.size for job in jobs)
             self.running_items += running
@@ -324,11 +353,18 @@ class Batcher:
                 lost = NotReady("the model instance serving this request stopped; retry")
                 for job in jobs:
                     job.request.fail(lost)
+                    self._report(job.request)
                 raise
             finally:
                 self.busy_instances -= 1
                 self.running_items -= running
             self.events.batch_done(items, tokens, reason, queue_wait, compute_s)
+            for job in jobs:
+                # A request runs in one batch, or in consecutive ones when it was split;
+                # each batch's compute counts in full for each request in it, as in Triton.
+                job.request.compute_s += compute_s
+                if job.request.future.done():
+                    self._report(job.request)
 
     async def _run_isolating_errors(self, run: RunBatch, jobs: list[Job]) -> tuple[int, int, float]:
         """Run ``jobs`` as one batch; when the model raises, bisect so that only the jobs
@@ -382,6 +418,7 @@ class Batcher:
             if job is None:
                 return
             job.request.fail(exc)
+            self._report(job.request)
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:

@@ -39,6 +39,14 @@ class Request:
     request_id: str = ""
     results: list[Any] = field(default_factory=list)
     unresolved: int = 0
+    #: When it was admitted and when its first batch started (None while no part of it has
+    #: run), both on the batcher's statistics clock, not the loop's.
+    admitted: float = 0.0
+    started: float | None = None
+    #: Seconds of model compute of the batches it ran in.
+    compute_s: float = 0.0
+    #: Whether the batcher has reported how it was resolved (``request_done``).
+    reported: bool = False
 
     def settle(self, start: int, outputs: Outputs) -> None:
         """Store the outputs of items ``start...``; resolve the future once all are in."""

@@ -6,7 +6,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from batching.codecs.plain import check_texts, encode_outputs, parse_inputs
+from batching.codecs.inputs import input_specs
+from batching.codecs.plain import check_inputs, encode_outputs, parse_inputs
 from batching.service import DataPlane
 
 from .errors import CLIENT_CLOSED, recorded
@@ -23,9 +24,10 @@ def plain_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
         with recorded(plane, deployment) as outcome:
             deadline = plane.deadline(deployment, timeout_of(request))
             body = await read_body(request, max_body_bytes)
-            inputs = parse_inputs(body, request.headers.get("content-type", ""))
-            if deployment.takes_text:
-                check_texts(inputs)
+            inputs = check_inputs(
+                parse_inputs(body, request.headers.get("content-type", "")),
+                input_specs(deployment.metadata),
+            )
             outputs = await infer_for_request(plane, request, deployment, inputs, deadline)
             if outputs is None:
                 outcome.status = CLIENT_CLOSED

@@ -111,7 +111,9 @@ class TokenCounter:
 
     The event loop may count while the instance thread encodes a batch; the Rust tokenizer
     refuses concurrent use when one caller changes its padding/truncation settings ("Already
-    borrowed"), so the counter gets its own copy, configured once and never mutated after.
+    borrowed"), so the counter gets its own copies, configured once and never mutated after:
+    one truncating at the model's max length (what a batch costs), one not truncating at all
+    (how long an input really is, for request limits).
     """
 
     # Inputs longer than this many characters per allowed token are first counted on a
@@ -126,29 +128,60 @@ class TokenCounter:
         self.mask_token: str | None = getattr(tokenizer, "mask_token", None)
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._backend: Any = None
+        self._full_backend: Any = None
         self._tokenizer: Any = tokenizer
         if backend is not None:
+            # A copy made before the settings change, so the two never share state.
+            full = type(backend).from_str(backend.to_str())
+            full.no_padding()
+            full.no_truncation()
+            self._full_backend = full
             # Truncation in the backend caps the count; padding would inflate it.
             backend.no_padding()
             backend.enable_truncation(self.max_length)
             self._backend = backend
 
-    def count(self, text: str) -> int:
+    def count(self, text: str, pair: str | None = None) -> int:
+        """Tokens of ``text`` (and ``pair``, as one sequence pair), special tokens included,
+        after truncation at the max length: what the input costs in a batch."""
+        if pair is not None:
+            return self._encode_length(text, pair, truncate=True)
         limit = self.max_length
-        cut = limit * self._CHARS_PER_TOKEN_BOUND
-        if len(text) > cut:
-            # Cutting at a space keeps every word of the prefix whole, so (for tokenizers that
-            # split on whitespace first, as WordPiece, BPE and SentencePiece do) the prefix
-            # never has more tokens than the full text: if it reaches the cap, so does the text.
-            space = text.rfind(" ", 0, cut)
-            if space > 0 and self._encode_length(text[:space]) >= limit:
-                return limit
-        return self._encode_length(text)
+        if self._prefix_reaches(text, limit, truncate=True):
+            return limit
+        return self._encode_length(text, None, truncate=True)
 
-    def _encode_length(self, text: str) -> int:
-        if self._backend is not None:
-            return len(self._backend.encode(text))
-        encoded = self._tokenizer(text, truncation=True, max_length=self.max_length)
+    def length(self, text: str, limit: int, pair: str | None = None) -> int:
+        """Tokens of ``text`` (and ``pair``) before any truncation, special tokens included,
+        counted no further than ``limit``: a result of ``limit`` means "at least ``limit``"."""
+        if limit <= self.max_length:
+            return min(self.count(text, pair), limit)
+        if pair is None and self._prefix_reaches(text, limit, truncate=False):
+            return limit
+        return min(self._encode_length(text, pair, truncate=False), limit)
+
+    def _prefix_reaches(self, text: str, limit: int, *, truncate: bool) -> bool:
+        """Whether a prefix of a long ``text`` already has ``limit`` tokens.
+
+        Cutting at a space keeps every word of the prefix whole, so (for tokenizers that split
+        on whitespace first, as WordPiece, BPE and SentencePiece do) the prefix never has more
+        tokens than the full text: if it reaches the limit, so does the text."""
+        cut = limit * self._CHARS_PER_TOKEN_BOUND
+        if len(text) <= cut:
+            return False
+        space = text.rfind(" ", 0, cut)
+        return space > 0 and self._encode_length(text[:space], None, truncate=truncate) >= limit
+
+    def _encode_length(self, text: str, pair: str | None, *, truncate: bool) -> int:
+        backend = self._backend if truncate else self._full_backend
+        if backend is not None:
+            return len(backend.encode(text, pair))
+        if truncate:
+            encoded = self._tokenizer(
+                text, pair, truncation=True, max_length=self.max_length, verbose=False
+            )
+        else:
+            encoded = self._tokenizer(text, pair, truncation=False, verbose=False)
         return len(encoded["input_ids"])
 
 

@@ -63,7 +63,10 @@ class PipelineModel:
     JSON-ready output per input:
 
     - ``text-classification`` (alias ``sentiment-analysis``): ``{"label": str, "score": float}``
-      per input (a list of those when ``top_k`` is passed).
+      per input (a list of those when ``top_k`` is passed). An input is a text, or a text pair
+      ``{"text": a, "text_pair": b}`` (cross-encoders, NLI), which the model reads as one
+      sequence pair; its metadata declares the inputs ``text`` and an optional ``text_pair``,
+      and its ``labels`` in the model's order.
     - ``fill-mask``: a list of ``{"score", "token", "token_str", "sequence"}`` candidates per
       input (a list of such lists when an input has several mask tokens).
     - ``feature-extraction``: one mean-pooled, unnormalised sentence vector per input, as rows of
@@ -74,7 +77,8 @@ class PipelineModel:
       make each vector depend on what it was batched with.
     - any other task: whatever the pipeline returns for that input, made JSON-friendly.
 
-    Text inputs are truncated to the model's maximum length instead of failing on long input.
+    Text inputs are truncated to the model's maximum length instead of failing on long input
+    (a pair longest-first, as the tokenizer's ``truncation=True`` does).
 
     :param task: a pipeline task name (validated now, so a typo fails at start-up).
     :param path: the local model folder (weights, config and tokenizer).
@@ -92,6 +96,8 @@ class PipelineModel:
         self.name = self.path.resolve().name
         self.pipeline_kwargs = pipeline_kwargs
         self.is_text = self.task in _TEXT_TASKS
+        #: Whether an input may be a text pair ``{"text": a, "text_pair": b}``.
+        self.takes_pairs = self.task == "text-classification"
         self._pipeline: Any = None
         self._device = torch.device("cpu")
         self._max_length = 512
@@ -130,7 +136,7 @@ class PipelineModel:
             return []
         if self.task == "feature-extraction":
             return self._embed(inputs)
-        batch = list(inputs)
+        batch = [_classifiable(item) for item in inputs] if self.takes_pairs else list(inputs)
         outputs = self._pipeline(batch, batch_size=len(batch), **self._call_kwargs())
         # Some pipelines (fill-mask, ...) unwrap a one-item list and return that item's output.
         if len(batch) == 1 and (self.task == "fill-mask" or not _is_one_per_input(outputs, 1)):
@@ -153,10 +159,31 @@ class PipelineModel:
         return to_numpy(pooled)
 
     def count_tokens(self, item: Any) -> int:
-        """Tokens a text input costs (capped at the max length); 1 for non-text inputs."""
-        if not self.is_text or not isinstance(item, str):
+        """Tokens a text input (or text pair) costs, capped at the max length; 1 for anything
+        else."""
+        text = self._text_of(item)
+        if text is None:
             return 1
-        return self._token_counter().count(item)
+        return self._token_counter().count(*text)
+
+    def token_length(self, item: Any, limit: int) -> int:
+        """Tokens a text input (or text pair) has before truncation, counted no further than
+        ``limit``; 1 for anything else."""
+        text = self._text_of(item)
+        if text is None:
+            return 1
+        return self._token_counter().length(text[0], limit, text[1])
+
+    def _text_of(self, item: Any) -> tuple[str, str | None] | None:
+        if not self.is_text:
+            return None
+        if isinstance(item, str):
+            return item, None
+        if self.takes_pairs and isinstance(item, dict):
+            pair = _text_pair(item)
+            if pair is not None:
+                return pair
+        return None
 
     def _token_counter(self) -> TokenCounter:
         # Lazily and lock-free, for the same reasons as SentenceEmbedder's counter.
@@ -185,14 +212,64 @@ class PipelineModel:
 
     def metadata(self) -> dict[str, Any]:
         name = "text" if self.is_text else "input"
-        inputs = [{"name": name, "datatype": "BYTES", "shape": [-1]}]
+        inputs: list[dict[str, Any]] = [{"name": name, "datatype": "BYTES", "shape": [-1]}]
+        described: dict[str, Any] = {}
         if self.task == "feature-extraction":
             width = self._config.get("hidden_size") or self._config.get("d_model") or -1
-            outputs = [{"name": "embedding", "datatype": "FP32", "shape": [-1, width]}]
+            # Mean-pooled hidden states, not unit vectors.
+            outputs = [
+                {"name": "embedding", "datatype": "FP32", "shape": [-1, width], "normalized": False}
+            ]
         else:
             # Structured results (labels, candidates, ...) travel as JSON strings.
             outputs = [{"name": "output", "datatype": "BYTES", "shape": [-1]}]
-        return {"inputs": inputs, "outputs": outputs}
+        if self.takes_pairs:
+            inputs.append(
+                {"name": "text_pair", "datatype": "BYTES", "shape": [-1], "optional": True}
+            )
+            labels = _labels_of(self._config)
+            if labels:
+                described["labels"] = labels
+        return {"inputs": inputs, "outputs": outputs, **described}
+
+
+def _text_pair(item: dict[Any, Any]) -> tuple[str, str | None] | None:
+    """``(text, text_pair)`` of a pair input ``{"text": a, "text_pair": b}`` (``text_pair``
+    optional), or None when ``item`` is not one."""
+    text, pair = item.get("text"), item.get("text_pair")
+    if set(item) - {"text", "text_pair"} or not isinstance(text, str):
+        return None
+    if pair is not None and not isinstance(pair, str):
+        return None
+    return text, pair
+
+
+def _classifiable(item: Any) -> Any:
+    """An input as the text-classification pipeline takes it: a text, or a pair dict."""
+    if isinstance(item, str):
+        return item
+    pair = _text_pair(item) if isinstance(item, dict) else None
+    if pair is None:
+        raise TypeError(
+            f"text-classification takes a text or {{'text': ..., 'text_pair': ...}} of texts, "
+            f"not {type(item).__name__}"
+        )
+    text, text_pair = pair
+    return text if text_pair is None else {"text": text, "text_pair": text_pair}
+
+
+def _labels_of(config: dict[str, Any]) -> list[str]:
+    """The classifier's labels in the order of its logits, from ``id2label``."""
+    id2label = config.get("id2label")
+    if not isinstance(id2label, dict) or not id2label:
+        return []
+    try:
+        by_index = {int(index): str(label) for index, label in id2label.items()}
+    except (TypeError, ValueError):
+        return []
+    if sorted(by_index) != list(range(len(by_index))):
+        return []
+    return [by_index[index] for index in range(len(by_index))]
 
 
 def _is_one_per_input(outputs: Any, count: int) -> bool:

@@ -3,7 +3,7 @@
 A model object is built once per instance, loaded on that instance's device, and then called
 only from that instance's dedicated thread (or process), one batch at a time.
 
-Two methods are required (:class:`Model`); four hooks are optional. :class:`ModelBase`
+Two methods are required (:class:`Model`); five hooks are optional. :class:`ModelBase`
 declares every one of them with its default, and :func:`hooks_of` is the only place the
 server looks them up, so a model that subclasses ``ModelBase`` and a plain class that only
 has ``load`` and ``predict`` are served alike.
@@ -43,7 +43,9 @@ class Model(Protocol):
 
     ``predict(inputs)`` takes a list of inputs and returns exactly one output per input, in
     order. Outputs are JSON-serialisable values or numpy arrays (a 2-D array counts as one row
-    per input).
+    per input). An input is one item: a text (or a row of numbers) for a model with one input;
+    for a model whose metadata declares several named inputs, a dict of the inputs sent for
+    that item, by name (``{"text": a, "text_pair": b}`` for a text-pair classifier).
 
     A model served by process instances is built in a child process: its class must be
     importable by module name, and its outputs and exceptions picklable.
@@ -61,7 +63,9 @@ class ModelBase:
     The hooks, all called by the server on the instance's thread or at start-up:
 
     - :meth:`warmup_inputs`: batches to run before the instance reports ready.
-    - :meth:`count_tokens`: the padded length of one input, for token-aware batching.
+    - :meth:`count_tokens`: the padded length of one input, for token-aware batching, and the
+      tokens reported as usage by the OpenAI-compatible doors.
+    - :meth:`token_length`: how long an input is before truncation, for request limits.
     - :meth:`metadata`: the v2 description of inputs and outputs.
     - :attr:`max_seq_length`: the longest text input, in tokens, for generated warm-up text.
     """
@@ -89,12 +93,29 @@ class ModelBase:
         (``--max-batch-tokens``). Default: 1, so batches count items only."""
         return 1
 
+    def token_length(self, item: Any, limit: int) -> int:
+        """How many tokens ``item`` has before any truncation, special tokens included,
+        counted no further than ``limit`` (a result of ``limit`` means "at least ``limit``"):
+        what request limits are checked against (the OpenAI door refuses inputs over 8192
+        tokens, even when the model would truncate them). Default: absent, and the limits
+        are checked against :meth:`count_tokens`."""
+        return self.count_tokens(item)
+
     def metadata(self) -> dict[str, Any]:
         """v2-style ``inputs``/``outputs`` descriptions (``name``, ``datatype``, ``shape``,
         per item), and optionally ``platform``. The first input's datatype says what the
         model takes: BYTES is text (the default when the model describes nothing); a numeric
         type with a fixed shape lets the "zero" and "random" warm-ups generate inputs.
-        Default: nothing described."""
+
+        Several inputs make every item a dict of them by name; an input described with
+        ``"optional": True`` may be left out of a request (and of its items). A model whose
+        inputs are ``text`` and ``text_pair`` (BYTES) is a text-pair model, served by
+        ``/v1/rerank`` too; it may list its ``labels`` (top level, in the order of its
+        logits) so that the relevance of a ``{"label", "score"}`` output can be read (see
+        :mod:`batching.codecs.rerank`). A text model whose first output is FP32 of shape
+        ``[-1, dim]`` is an embedding model, served by ``/v1/embeddings``; that output may
+        say ``"normalized": True`` (unit vectors), which lets clients ask for fewer
+        ``dimensions``. Default: nothing described."""
         return {}
 
 
@@ -104,6 +125,7 @@ class ModelHooks:
 
     warmup_inputs: Callable[[int], Sequence[Sequence[Any]]] | None
     count_tokens: Callable[[Any], int] | None
+    token_length: Callable[[Any, int], int] | None
     metadata: Callable[[], dict[str, Any]] | None
     max_seq_length: int | None
 
@@ -120,6 +142,7 @@ def hooks_of(model: object) -> ModelHooks:
     return ModelHooks(
         warmup_inputs=_own(model, "warmup_inputs"),
         count_tokens=_own(model, "count_tokens"),
+        token_length=_own(model, "token_length"),
         metadata=_own(model, "metadata"),
         max_seq_length=length,
     )

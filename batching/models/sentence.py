@@ -187,11 +187,25 @@ class SentenceEmbedder:
         counter = self._token_counter()
         return counter.count(text.lower() if self._lowercase else text)
 
+    def token_length(self, text: str, limit: int) -> int:
+        """Tokens ``text`` has before truncation, special tokens included, counted no further
+        than ``limit``."""
+        counter = self._token_counter()
+        return counter.length(text.lower() if self._lowercase else text, limit)
+
     def warmup_inputs(self, max_batch_size: int) -> list[list[str]]:
         return warmup_batches(warmup_text(self.max_seq_length), max_batch_size)
 
     def metadata(self) -> dict[str, Any]:
         return {
             "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
-            "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, self.dimension]}],
+            "outputs": [
+                {
+                    "name": "embedding",
+                    "datatype": "FP32",
+                    "shape": [-1, self.dimension],
+                    # Unit vectors or not: the OpenAI door's `dimensions` needs unit vectors.
+                    "normalized": self.normalize,
+                }
+            ],
         }

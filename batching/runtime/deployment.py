@@ -16,7 +16,7 @@ from batching.core.events import BatchEvents
 from batching.core.jobs import InstanceLost
 from batching.core.policy import BatchPolicy, FixedPolicy
 from batching.errors import NotReady
-from batching.models.protocol import hooks_of
+from batching.models.protocol import ModelHooks, hooks_of
 
 from .base import InstanceFactory, ModelFactory
 from .process import ProcessInstance
@@ -133,13 +133,33 @@ class Deployment:
         self._loading = asyncio.Lock()
         #: Counts an input's tokens on the event loop, for token-aware batching.
         self.count_tokens: Callable[[Any], int] | None = None
+        self._counting: ModelHooks | None = None
+        self._counting_built = asyncio.Lock()
 
-    def _token_counter(self) -> Callable[[Any], int] | None:
+    def _counting_hooks(self) -> ModelHooks:
         # An unloaded model object of its own: counting needs the tokenizer, not the weights,
         # and must not share the instances' tokenizers, which are busy on their threads.
-        counter = hooks_of(self._factory()).count_tokens
-        if counter is not None:
-            counter("")  # builds its tokenizer here, on this thread, not on the event loop
+        hooks = self._counting
+        if hooks is None:
+            hooks = hooks_of(self._factory())
+            if hooks.count_tokens is not None:
+                hooks.count_tokens("")  # builds its tokenizer here, not on the event loop
+            self._counting = hooks
+        return hooks
+
+    async def counting_hooks(self) -> ModelHooks:
+        """The hooks of the deployment's own model object for counting tokens (never loaded,
+        built on a worker thread the first time): ``count_tokens`` and ``token_length`` may
+        then be called on the event loop, whether or not the model is batched by tokens."""
+        if self._counting is None:
+            async with self._counting_built:
+                if self._counting is None:
+                    await asyncio.to_thread(self._counting_hooks)
+        assert self._counting is not None
+        return self._counting
+
+    def _token_counter(self) -> Callable[[Any], int] | None:
+        counter = self._counting_hooks().count_tokens
         if counter is None:
             logger.warning(
                 "model %s has max_batch_tokens set but no count_tokens(); batching by items",

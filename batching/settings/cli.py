@@ -5,16 +5,20 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from batching.config import BatchingConfig, ModelConfig
 from batching.models.source import ModelSource, ModelSourceError
+from batching.runtime.cpus import CpuBudget, read_cpu_budget
 
 from .repository import RepositoryError, load_repository
 
 __all__ = ["ServerSettings", "build_parser", "parse_settings"]
 
 ENV_PREFIX = "BATCHING_"
+
+#: Triton's gRPC port.
+DEFAULT_GRPC_PORT = 8001
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +27,11 @@ class ServerSettings:
 
     host: str
     port: int
+    #: KServe v2 over gRPC on ``host``; 0 when off.
+    grpc_port: int
+    #: Whether ``grpc_port`` was asked for (flag or variable) rather than left at its default:
+    #: a default port that is taken only turns gRPC off, an asked-for one stops the start.
+    grpc_port_explicit: bool
     models: tuple[ModelConfig, ...]
     max_body_bytes: int
     shutdown_timeout: float
@@ -30,6 +39,8 @@ class ServerSettings:
     log_format: str
     #: Intra-op threads each model instance's torch may use.
     torch_threads: int
+    #: The cores this process may use, as found at start-up.
+    cpu_budget: CpuBudget = field(default_factory=lambda: CpuBudget(affinity=1, quota=None))
 
 
 def torch_threads_for(models: Sequence[ModelConfig], cores: int, asked: str) -> int:
@@ -96,6 +107,13 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     )
     parser.flag("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 for all")
     parser.flag("--port", default=8000, type=int, help="port to bind")
+    # No default here, so that an asked-for port can be told from the default one.
+    parser.flag(
+        "--grpc-port",
+        type=int,
+        help=f"port for KServe v2 over gRPC on the same host (default: {DEFAULT_GRPC_PORT}, as "
+        "Triton; taken, the server serves HTTP only and says so); 0 turns gRPC off",
+    )
     parser.flag(
         "--model",
         help="what to serve: a local model folder, or package.module:Name for your own "
@@ -203,12 +221,12 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     return parser
 
 
-def _devices(device: str, instances: str) -> tuple[str, ...]:
+def _devices(device: str, instances: str, cores: int) -> tuple[str, ...]:
     listed = [part.strip() for part in device.split(",") if part.strip()]
     if not listed:
         raise ValueError("--device: give at least one device")
     if instances == "cpu_count":
-        count = os.cpu_count() or 1
+        count = cores
         if any(not item.startswith("cpu") for item in listed):
             raise ValueError("--instances cpu_count only applies to --device cpu")
     else:
@@ -233,14 +251,19 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def parse_settings(
-    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    cpu_budget: CpuBudget | None = None,
 ) -> ServerSettings:
     """Parse flags (and their environment twins) into validated settings.
 
+    :param cpu_budget: the cores this process may use; read from the environment (affinity
+        mask and cgroup CPU quota) by default.
     :raises SystemExit: with a usage message naming the bad flag.
     """
     parser = build_parser(environ)
     args = parser.parse_args(argv)
+    budget = read_cpu_budget() if cpu_budget is None else cpu_budget
     if args.model_repository:
         given = {"--model": args.model, "--task": args.task, "--name": args.name}
         single = [flag for flag, value in given.items() if value is not None]
@@ -271,7 +294,7 @@ def parse_settings(
             source=args.model,
             task=args.task,
             spec=source,
-            devices=_devices(str(args.device), str(args.instances)),
+            devices=_devices(str(args.device), str(args.instances), budget.cores),
             instance_kind=str(args.instance_kind),
             batching=batching,
         )
@@ -284,21 +307,27 @@ def parse_settings(
         except RepositoryError as exc:
             # The message names the file and key; the usage text would only bury it.
             parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    grpc_port = DEFAULT_GRPC_PORT if args.grpc_port is None else int(args.grpc_port)
+    if not 0 <= grpc_port <= 65535:
+        parser.error(f"--grpc-port must be a port number, or 0 to turn gRPC off: {grpc_port}")
     asked = str(args.torch_threads)
     environment = os.environ if environ is None else environ
     if asked == "auto" and environment.get("OMP_NUM_THREADS", "").isdigit():
         asked = environment["OMP_NUM_THREADS"]  # the operator already chose
     try:
-        threads = torch_threads_for(models, os.cpu_count() or 1, asked)
+        threads = torch_threads_for(models, budget.cores, asked)
     except ValueError as exc:
         parser.error(str(exc))
     return ServerSettings(
         host=str(args.host),
         port=int(args.port),
+        grpc_port=grpc_port,
+        grpc_port_explicit=args.grpc_port is not None,
         models=models,
         max_body_bytes=int(args.max_body_bytes),
         shutdown_timeout=float(args.shutdown_timeout_s),
         log_level=str(args.log_level),
         log_format=str(args.log_format),
         torch_threads=threads,
+        cpu_budget=budget,
     )

@@ -67,6 +67,9 @@ class _Recorder:
     ) -> None:
         self.batch_sizes.append(items)
 
+    def request_done(self, queue_s: float, compute_s: float, total_s: float, ok: bool) -> None:
+        return None
+
     def rejected(self, reason: str) -> None:
         self.problems.append(f"rejected: {reason}")
 

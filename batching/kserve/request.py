@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from batching.codecs.kserve import (
+from batching.errors import InvalidRequest
+from batching.kserve.tensors import (
     DATATYPES,
     INT64_MAX,
     LENGTH_PREFIX,
@@ -16,7 +17,6 @@ from batching.codecs.kserve import (
     InferTensor,
     RequestedOutput,
 )
-from batching.errors import InvalidRequest
 
 __all__ = ["parse_infer_request"]
 

@@ -1,5 +1,5 @@
-"""The HTTP edge: the Starlette app, its lifespan (start and drain the models), health and
-metrics, and the doors (plain and KServe v2) over one data plane."""
+"""The app: one data plane over the models, and the doors that reach it (plain HTTP, and KServe
+v2 over HTTP and gRPC), in one Starlette app whose lifespan starts and drains the models."""
 
 from __future__ import annotations
 
@@ -16,6 +16,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from batching.config import ModelConfig
+from batching.grpc import GrpcServer
+from batching.http.errors import EXCEPTION_HANDLERS
+from batching.http.middleware import RequestIdMiddleware
+from batching.http.openai import openai_routes
+from batching.http.plain import plain_routes
+from batching.http.rerank import rerank_routes
+from batching.http.v2 import v2_routes
 from batching.metrics import Metrics
 from batching.models.default import DEFAULT_MODEL_NAME
 from batching.models.protocol import Model
@@ -23,11 +30,6 @@ from batching.runtime.base import InstanceFactory
 from batching.runtime.deployment import Deployment
 from batching.runtime.warmup import InstanceInfo
 from batching.service import DataPlane, Deployments
-
-from .errors import EXCEPTION_HANDLERS
-from .middleware import RequestIdMiddleware
-from .plain import plain_routes
-from .v2 import v2_routes
 
 __all__ = ["ModelBuilder", "create_app", "default_model_builder"]
 
@@ -69,6 +71,10 @@ def create_app(
     registry: CollectorRegistry | None = None,
     on_ready: OnReady | None = None,
     on_load_failure: OnLoadFailure | None = None,
+    grpc_port: int | None = None,
+    grpc_host: str = "127.0.0.1",
+    grpc_port_explicit: bool = True,
+    on_grpc_failure: Callable[[str], None] | None = None,
 ) -> Starlette:
     """A Starlette app serving ``models`` with dynamic batching.
 
@@ -82,6 +88,13 @@ def create_app(
     :param on_ready: called each time an instance is loaded and warm.
     :param on_load_failure: called when an instance cannot load; by default the model only
         stays unready (``/v2/repository/index`` says why).
+    :param grpc_port: serve KServe v2 over gRPC on this port too (None or 0: HTTP only), once
+        the models start loading; on shutdown it stops taking calls and drains them with HTTP.
+        The app's ``state.grpc`` is its :class:`~batching.grpc.GrpcServer`, or None.
+    :param grpc_host: the address gRPC binds.
+    :param grpc_port_explicit: whether ``grpc_port`` was asked for: then a port that cannot be
+        bound stops the start (``on_grpc_failure`` is told why, else the lifespan start
+        fails); if it is a default, the app logs one line and serves HTTP only.
 
     The models load in the background once the lifespan starts: ``/v2/health/live`` answers
     at once, ``/v2/health/ready`` only when every model is loaded and warm. Creating or
@@ -115,15 +128,25 @@ def create_app(
         ]
     )
     plane = DataPlane(deployments, metrics)
+    grpc_server = None
+    if grpc_port:
+        grpc_server = GrpcServer(
+            plane, grpc_host, grpc_port, explicit=grpc_port_explicit, on_failure=on_grpc_failure
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         for deployment in deployments:
             deployment.start()
         try:
+            if grpc_server is not None:
+                await grpc_server.start()
             yield
         finally:
-            await asyncio.gather(*(deployment.stop(shutdown_timeout) for deployment in deployments))
+            await asyncio.gather(
+                *([grpc_server.stop(shutdown_timeout)] if grpc_server is not None else []),
+                *(deployment.stop(shutdown_timeout) for deployment in deployments),
+            )
 
     async def live(request: Request) -> Response:
         return Response(orjson.dumps({"live": True}), media_type="application/json")
@@ -147,7 +170,10 @@ def create_app(
         Route("/v2/health/ready", ready, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         *v2_routes(plane, max_body_bytes),
+        *openai_routes(plane, max_body_bytes),
+        *rerank_routes(plane, max_body_bytes),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
     app.add_middleware(RequestIdMiddleware)
+    app.state.grpc = grpc_server
     return app

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from batching.codecs.kserve import DATATYPES, LENGTH_PREFIX, InferTensor
 from batching.errors import InvalidRequest
+from batching.kserve.tensors import DATATYPES, LENGTH_PREFIX, InferTensor
 
 __all__ = ["encode_infer_response"]
 

@@ -1,0 +1,99 @@
+"""A model's named inputs, as its metadata declares them, and items made of them.
+
+A model with one input gets each item as a value (a text, a row of numbers). A model whose
+metadata declares several inputs gets each item as a dict of the inputs sent for it, by name:
+a text-pair classifier declares ``text`` and ``text_pair`` and gets
+``{"text": a, "text_pair": b}``. An input described with ``"optional": true`` may be left out.
+The core never looks inside an item, so batches still count items, and split and re-join as
+they always do. Pure functions over the metadata dict: every door shares them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from batching.errors import UnprocessableInput
+
+__all__ = ["InputSpec", "input_specs", "named_item", "required_names", "takes_pairs"]
+
+#: The inputs of a text-pair model (cross-encoder, NLI), as transformers names them.
+PAIR_INPUTS = ("text", "text_pair")
+
+
+@dataclass(frozen=True, slots=True)
+class InputSpec:
+    """One declared input: its name, its v2 datatype, and whether a request may omit it."""
+
+    name: str
+    datatype: str = "BYTES"
+    optional: bool = False
+
+
+def input_specs(metadata: Mapping[str, Any]) -> list[InputSpec]:
+    """The inputs ``metadata`` declares, in order; empty when it declares none."""
+    specs = []
+    for tensor in metadata.get("inputs") or []:
+        if not isinstance(tensor, Mapping) or "name" not in tensor:
+            continue
+        specs.append(
+            InputSpec(
+                name=str(tensor["name"]),
+                datatype=str(tensor.get("datatype", "BYTES")),
+                optional=bool(tensor.get("optional", False)),
+            )
+        )
+    return specs
+
+
+def required_names(specs: Sequence[InputSpec]) -> list[str]:
+    return [spec.name for spec in specs if not spec.optional]
+
+
+def takes_pairs(metadata: Mapping[str, Any]) -> bool:
+    """Whether the model takes text pairs: it declares BYTES inputs ``text`` and
+    ``text_pair`` (the second may be optional), and requires nothing else."""
+    specs = {spec.name: spec for spec in input_specs(metadata)}
+    if not all(name in specs and specs[name].datatype == "BYTES" for name in PAIR_INPUTS):
+        return False
+    return all(spec.optional or spec.name in PAIR_INPUTS for spec in specs.values())
+
+
+def _names(specs: Sequence[InputSpec]) -> str:
+    return ", ".join(repr(spec.name) for spec in specs)
+
+
+def named_item(value: Any, specs: Sequence[InputSpec], where: str) -> dict[str, Any]:
+    """One item for a model with several named inputs ``specs``: ``value`` is a dict of them
+    by name (a lone value stands for the first input when every other one is optional).
+
+    :param where: names the item in messages, e.g. ``inputs[3]``.
+    :raises UnprocessableInput: unknown or missing inputs, or a text input that is not text.
+    """
+    if not isinstance(value, dict):
+        if any(not spec.optional for spec in specs[1:]):
+            raise UnprocessableInput(
+                f"{where} is {type(value).__name__}; this model takes the named inputs "
+                f"{_names(specs)}: send an object with them"
+            )
+        value = {specs[0].name: value}
+    known = {spec.name for spec in specs}
+    unknown = [name for name in value if name not in known]
+    if unknown:
+        raise UnprocessableInput(
+            f"{where} has the unknown input {unknown[0]!r}; this model takes {_names(specs)}"
+        )
+    item: dict[str, Any] = {}
+    for spec in specs:
+        if spec.name not in value or value[spec.name] is None:
+            if not spec.optional:
+                raise UnprocessableInput(f"{where} lacks the input {spec.name!r}")
+            continue
+        field = value[spec.name]
+        if spec.datatype == "BYTES" and not isinstance(field, str):
+            raise UnprocessableInput(
+                f"{where}.{spec.name} is {type(field).__name__}; this input is text"
+            )
+        item[spec.name] = field
+    return item

@@ -1,0 +1,408 @@
+"""The OpenAI embeddings API's wire format: ``POST /v1/embeddings`` and ``GET /v1/models``
+bodies, and OpenAI's error document. Pure functions over bytes, numpy and orjson.
+
+What a request may carry follows OpenAI's API and limits:
+
+- ``model`` (required): the name of a served embedding model;
+- ``input`` (required): a string or a list of at most :data:`MAX_INPUTS` strings, none empty.
+  Token-id arrays (``[int]``, ``[[int]]``) are another tokenizer's ids (tiktoken's, as
+  LangChain's ``OpenAIEmbeddings`` sends by default): they are refused with a 400 naming the
+  client setting that sends text, never embedded as if they were text;
+- ``encoding_format``: ``"float"`` (the default when absent) or ``"base64"`` (the
+  little-endian float32 bytes of each vector, what the ``openai`` SDK asks for by default);
+- ``dimensions``: fewer dimensions than the model's, for models whose vectors are unit
+  vectors: the vector is truncated and re-normalised. Asking a model whose vectors are not
+  normalised for anything but its own width is a 400;
+- ``user`` and any other key: ignored.
+
+Token limits, counted with the served model's own tokenizer (special tokens included): an
+input over :data:`MAX_INPUT_TOKENS` tokens is refused, as OpenAI does, and so is a request
+over :data:`MAX_REQUEST_TOKENS`. An input within those limits but longer than the model's own
+maximum length (256 tokens for all-MiniLM-L6-v2) is truncated at that length, as the model
+always does; ``usage`` counts the tokens the model ran, after that truncation.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import orjson
+
+from batching.errors import InferenceFailed, InvalidRequest
+
+__all__ = [
+    "ENCODING_FORMATS",
+    "LANGCHAIN_HINT",
+    "MAX_INPUTS",
+    "MAX_INPUT_TOKENS",
+    "MAX_REQUEST_TOKENS",
+    "EmbeddingsRequest",
+    "OpenAIError",
+    "check_dimensions",
+    "check_token_limits",
+    "embedding_vectors",
+    "embedding_width",
+    "encode_embeddings",
+    "encode_model",
+    "encode_models",
+    "error_document",
+    "is_embedding_model",
+    "is_normalized",
+    "json_object",
+    "model_name",
+    "parse_embeddings_request",
+]
+
+#: Most inputs in one request (OpenAI's limit).
+MAX_INPUTS = 2048
+#: Most tokens in one input (OpenAI's limit for its embedding models).
+MAX_INPUT_TOKENS = 8192
+#: Most tokens in one request, all inputs together (OpenAI's limit).
+MAX_REQUEST_TOKENS = 300_000
+
+ENCODING_FORMATS = ("float", "base64")
+
+#: What to do instead of sending token ids.
+LANGCHAIN_HINT = (
+    "send the texts themselves instead; with LangChain's OpenAIEmbeddings, set "
+    "check_embedding_ctx_length=False (it otherwise sends tiktoken token ids)"
+)
+
+EncodingFormat = Literal["float", "base64"]
+
+
+class OpenAIError(InvalidRequest):
+    """A request the OpenAI doors refuse (400), with OpenAI's ``param`` and ``code``."""
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingsRequest:
+    """A parsed ``POST /v1/embeddings`` body."""
+
+    model: str
+    texts: list[str]
+    encoding_format: EncodingFormat = "float"
+    dimensions: int | None = None
+
+
+def json_object(body: bytes) -> dict[str, Any]:
+    """The request body as a JSON object.
+
+    :raises OpenAIError: not JSON, or not an object.
+    """
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise OpenAIError(
+            f"the request body is not valid JSON: {exc}", code="invalid_json"
+        ) from None
+    if not isinstance(document, dict):
+        raise OpenAIError(
+            f"the request body must be a JSON object, not {_json_type(document)}",
+            code="invalid_type",
+        )
+    return document
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def model_name(document: Mapping[str, Any]) -> str:
+    """The required ``model`` of a request.
+
+    :raises OpenAIError: missing, or not a non-empty string.
+    """
+    if document.get("model") is None:
+        raise OpenAIError(
+            "you must provide a model parameter", param="model", code="missing_required_parameter"
+        )
+    model = document["model"]
+    if not isinstance(model, str) or not model:
+        raise OpenAIError(
+            f"model must be a non-empty string, not {_json_type(model)}",
+            param="model",
+            code="invalid_type",
+        )
+    return model
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _token_ids_error(where: str) -> OpenAIError:
+    return OpenAIError(
+        f"{where} is an array of token ids: they are another tokenizer's ids, and this server "
+        f"embeds text with the model's own tokenizer, so it cannot read them; {LANGCHAIN_HINT}",
+        param="input",
+        code="token_ids_not_supported",
+    )
+
+
+def _texts(value: Any) -> list[str]:
+    if value is None:
+        raise OpenAIError(
+            "you must provide an input parameter: a string or an array of strings",
+            param="input",
+            code="missing_required_parameter",
+        )
+    if isinstance(value, str):
+        if not value:
+            raise OpenAIError("input is an empty string", param="input", code="invalid_value")
+        return [value]
+    if not isinstance(value, list):
+        raise OpenAIError(
+            f"input must be a string or an array of strings, not {_json_type(value)}",
+            param="input",
+            code="invalid_type",
+        )
+    if not value:
+        raise OpenAIError("input is an empty array", param="input", code="invalid_value")
+    if all(_is_token_id(item) for item in value):
+        raise _token_ids_error("input")
+    if len(value) > MAX_INPUTS:
+        raise OpenAIError(
+            f"input has {len(value)} items; a request may carry at most {MAX_INPUTS}",
+            param="input",
+            code="too_many_inputs",
+        )
+    for index, item in enumerate(value):
+        if isinstance(item, str):
+            if not item:
+                raise OpenAIError(
+                    f"input[{index}] is an empty string", param="input", code="invalid_value"
+                )
+            continue
+        if isinstance(item, list) and all(_is_token_id(token) for token in item):
+            raise _token_ids_error(f"input[{index}]")
+        raise OpenAIError(
+            f"input[{index}] is {_json_type(item)}; input must be a string or an array of strings",
+            param="input",
+            code="invalid_type",
+        )
+    return value
+
+
+def parse_embeddings_request(body: bytes) -> EmbeddingsRequest:
+    """A ``POST /v1/embeddings`` body, checked against the API and its limits (those on
+    tokens need the model's tokenizer: :func:`check_token_limits`).
+
+    :raises OpenAIError: naming the parameter at fault.
+    """
+    document = json_object(body)
+    model = model_name(document)
+    texts = _texts(document.get("input"))
+    asked = document.get("encoding_format")
+    encoding: EncodingFormat
+    if asked is None or asked == "float":
+        encoding = "float"
+    elif asked == "base64":
+        encoding = "base64"
+    else:
+        raise OpenAIError(
+            f"encoding_format must be 'float' or 'base64', not {asked!r}",
+            param="encoding_format",
+            code="invalid_value",
+        )
+    dimensions = document.get("dimensions")
+    if dimensions is not None and (not _is_token_id(dimensions) or dimensions < 1):
+        raise OpenAIError(
+            f"dimensions must be a positive integer, not {dimensions!r}",
+            param="dimensions",
+            code="invalid_value",
+        )
+    return EmbeddingsRequest(model, texts, encoding, dimensions)
+
+
+def check_token_limits(lengths: Sequence[int]) -> None:
+    """Refuse inputs over :data:`MAX_INPUT_TOKENS` tokens and requests over
+    :data:`MAX_REQUEST_TOKENS`, given each input's length before truncation.
+
+    :raises OpenAIError: naming the first input over the limit.
+    """
+    for index, length in enumerate(lengths):
+        if length > MAX_INPUT_TOKENS:
+            raise OpenAIError(
+                f"input[{index}] has more than {MAX_INPUT_TOKENS} tokens, the most one input "
+                "may have; shorten it or split it",
+                param="input",
+                code="context_length_exceeded",
+            )
+    total = sum(lengths)
+    if total > MAX_REQUEST_TOKENS:
+        raise OpenAIError(
+            f"the inputs have {total} tokens together; a request may have at most "
+            f"{MAX_REQUEST_TOKENS}: send fewer inputs per request",
+            param="input",
+            code="max_tokens_per_request",
+        )
+
+
+# --- what a model's metadata says ----------------------------------------------------------
+
+
+def _first_output(metadata: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    outputs = metadata.get("outputs") or []
+    first = outputs[0] if outputs else None
+    return first if isinstance(first, Mapping) else None
+
+
+def is_embedding_model(metadata: Mapping[str, Any]) -> bool:
+    """Whether a model's metadata describes an embedding model: its first input is text
+    (BYTES) and its first output one FP32 vector per item (shape ``[-1, dim]``)."""
+    inputs = metadata.get("inputs") or []
+    if not inputs or not isinstance(inputs[0], Mapping) or inputs[0].get("datatype") != "BYTES":
+        return False
+    if any(isinstance(extra, Mapping) and not extra.get("optional") for extra in inputs[1:]):
+        return False
+    output = _first_output(metadata)
+    if output is None or output.get("datatype") != "FP32":
+        return False
+    shape = output.get("shape")
+    if not isinstance(shape, list) or not shape:
+        return False
+    return len(shape) == 2 if shape[0] == -1 else len(shape) == 1
+
+
+def embedding_width(metadata: Mapping[str, Any]) -> int | None:
+    """The vector width the metadata declares, or None when it is not known."""
+    output = _first_output(metadata)
+    shape = output.get("shape") if output is not None else None
+    width = shape[-1] if isinstance(shape, list) and shape else None
+    return width if isinstance(width, int) and not isinstance(width, bool) and width > 0 else None
+
+
+def is_normalized(metadata: Mapping[str, Any]) -> bool:
+    """Whether the model says its vectors are unit vectors (``"normalized": true`` on its
+    first output)."""
+    output = _first_output(metadata)
+    return output is not None and output.get("normalized") is True
+
+
+def check_dimensions(
+    dimensions: int | None, width: int | None, normalized: bool, model: str
+) -> None:
+    """Refuse a ``dimensions`` that cannot be honoured: more than the model's width, or any
+    other width than its own when its vectors are not unit vectors (truncating those would
+    not give the shorter vectors of a model trained to have them).
+
+    :raises OpenAIError: naming ``dimensions``.
+    """
+    if dimensions is None or width is None or dimensions == width:
+        return
+    if dimensions > width:
+        raise OpenAIError(
+            f"dimensions is {dimensions}, but model {model!r} has {width}-dimensional embeddings",
+            param="dimensions",
+            code="invalid_value",
+        )
+    if not normalized:
+        raise OpenAIError(
+            f"model {model!r} does not normalise its embeddings, so they cannot be shortened "
+            f"to {dimensions} dimensions; leave dimensions out, or set it to {width}",
+            param="dimensions",
+            code="dimensions_not_supported",
+        )
+
+
+def embedding_vectors(
+    outputs: Iterable[Any], dimensions: int | None, normalized: bool, model: str
+) -> list[np.ndarray]:
+    """The model's outputs as float32 vectors, shortened to ``dimensions`` (and re-normalised)
+    when asked.
+
+    :raises InferenceFailed: an output is not one vector.
+    :raises OpenAIError: ``dimensions`` cannot be honoured (see :func:`check_dimensions`).
+    """
+    vectors = []
+    for index, output in enumerate(outputs):
+        vector = np.asarray(output, dtype=np.float32)
+        if vector.ndim != 1:
+            raise InferenceFailed(
+                f"model {model!r} returned an output of shape {list(vector.shape)} for "
+                f"input {index}, not one embedding vector"
+            )
+        if dimensions is not None and dimensions != vector.shape[0]:
+            check_dimensions(dimensions, int(vector.shape[0]), normalized, model)
+            vector = vector[:dimensions]
+            norm = float(np.linalg.norm(vector))
+            if norm > 0:
+                vector = (vector / norm).astype(np.float32)
+        vectors.append(np.ascontiguousarray(vector))
+    return vectors
+
+
+# --- answers -------------------------------------------------------------------------------
+
+
+def _base64(vector: np.ndarray) -> str:
+    return base64.b64encode(vector.astype("<f4", copy=False).tobytes()).decode("ascii")
+
+
+def encode_embeddings(
+    model: str, vectors: Sequence[np.ndarray], encoding_format: EncodingFormat, tokens: int
+) -> bytes:
+    """The ``POST /v1/embeddings`` answer: one embedding object per input, in order, and the
+    usage (``prompt_tokens`` = ``total_tokens`` = ``tokens``)."""
+    data = [
+        {
+            "object": "embedding",
+            "index": index,
+            "embedding": vector if encoding_format == "float" else _base64(vector),
+        }
+        for index, vector in enumerate(vectors)
+    ]
+    return orjson.dumps(
+        {
+            "object": "list",
+            "data": data,
+            "model": model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        },
+        option=orjson.OPT_SERIALIZE_NUMPY,
+    )
+
+
+def _model_object(name: str, created: int) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": created, "owned_by": "batching"}
+
+
+def encode_models(names: Iterable[str], created: int) -> bytes:
+    """The ``GET /v1/models`` answer."""
+    return orjson.dumps(
+        {"object": "list", "data": [_model_object(name, created) for name in names]}
+    )
+
+
+def encode_model(name: str, created: int) -> bytes:
+    """The ``GET /v1/models/{model}`` answer."""
+    return orjson.dumps(_model_object(name, created))
+
+
+def error_document(
+    message: str, error_type: str, param: str | None = None, code: str | None = None
+) -> bytes:
+    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
+    return orjson.dumps(
+        {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    )

@@ -1,0 +1,147 @@
+"""The gRPC server: ``grpc.aio`` on the app's event loop, into the same data plane as HTTP.
+
+It binds like Triton's (message sizes up to what tritonclient sends) but never shares its
+port: gRPC's default ``SO_REUSEPORT`` would let a second server on the same port take half of
+the first one's calls, so a taken port is an error here, as it is for HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+
+import grpc
+from tritonclient.grpc import service_pb2_grpc
+
+from batching.service import DataPlane
+
+from .v2 import InferenceServicer
+
+__all__ = ["INT32_MAX", "GrpcServer", "GrpcUnavailable"]
+
+logger = logging.getLogger("batching")
+
+#: The largest message gRPC can take, and what tritonclient allows itself to send and receive.
+INT32_MAX = 2**31 - 1
+
+OPTIONS = [
+    ("grpc.max_send_message_length", INT32_MAX),
+    ("grpc.max_receive_message_length", INT32_MAX),
+    ("grpc.so_reuseport", 0),
+]
+
+
+class GrpcUnavailable(OSError):
+    """Raised when a gRPC port that was asked for cannot be bound."""
+
+
+def address_of(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _bind_error(host: str, port: int) -> OSError | None:
+    """Why ``host:port`` cannot be listened on, or None when it can (checked with a plain
+    socket first, so a taken port is one clear line, not gRPC's own log of the failure)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        return exc
+    for family, kind, protocol, _, address in infos:
+        with socket.socket(family, kind, protocol) as probe:
+            # As gRPC's own listener: a port in TIME_WAIT after a previous server is free.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+                probe.listen()
+            except OSError as exc:
+                return exc
+    return None
+
+
+class GrpcServer:
+    """KServe v2 over gRPC on ``host:port``, serving ``plane``.
+
+    :param explicit: whether the port was asked for. If so, a port that cannot be bound is
+        an error: ``on_failure`` is told why, or :meth:`start` raises
+        :class:`GrpcUnavailable`. If not (a default), the server logs one line and stays off,
+        so that several servers on one machine need no flag but HTTP's.
+    """
+
+    def __init__(
+        self,
+        plane: DataPlane,
+        host: str,
+        port: int,
+        *,
+        explicit: bool = True,
+        on_failure: Callable[[str], None] | None = None,
+    ) -> None:
+        self.plane = plane
+        self.host = host
+        self.port = port
+        self.explicit = explicit
+        self.on_failure = on_failure
+        self._server: grpc.aio.Server | None = None
+        self._stopping: asyncio.Task[None] | None = None
+
+    @property
+    def address(self) -> str:
+        return address_of(self.host, self.port)
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    async def start(self) -> None:
+        """Bind and start taking calls, on the running event loop.
+
+        :raises GrpcUnavailable: an explicit port cannot be bound and nobody is told.
+        """
+        problem = _bind_error(self.host, self.port)
+        if problem is not None:
+            self._refuse(problem)
+            return
+        server = grpc.aio.server(options=OPTIONS)
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+            InferenceServicer(self.plane), server
+        )
+        try:
+            server.add_insecure_port(self.address)
+        except RuntimeError as exc:  # taken between the check and the bind
+            self._refuse(OSError(str(exc)))
+            return
+        await server.start()
+        self._server = server
+        logger.info("serving KServe v2 over gRPC on %s", self.address)
+
+    def _refuse(self, problem: OSError) -> None:
+        reason = problem.strerror or str(problem)
+        if not self.explicit:
+            logger.warning(
+                "gRPC is off: its default port %s cannot be bound (%s); serving HTTP only. "
+                "--grpc-port picks another port, 0 turns gRPC off",
+                self.address,
+                reason,
+            )
+            return
+        message = (
+            f"cannot serve gRPC on {self.address}: {reason} (--grpc-port picks another port, "
+            "0 turns gRPC off)"
+        )
+        if self.on_failure is None:
+            raise GrpcUnavailable(message)
+        self.on_failure(message)
+
+    def begin_stop(self, grace: float) -> None:
+        """Stop taking calls now; those accepted have ``grace`` seconds to finish, then are
+        cancelled. Idempotent: :meth:`stop` waits for the same stop."""
+        if self._server is not None and self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._server.stop(grace))
+
+    async def stop(self, grace: float) -> None:
+        """:meth:`begin_stop`, and wait until every call has ended."""
+        self.begin_stop(grace)
+        if self._stopping is not None:
+            await asyncio.shield(self._stopping)

@@ -1,0 +1,98 @@
+"""Tiny randomly initialised BERTs written to a folder, for tests that serve real transformers
+models offline and in milliseconds (the same recipe as ``tests/test_hf.py``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+# Before transformers is imported: nothing here may reach a model hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+WORDS = [
+    *("the", "a", "cat", "dog", "sat", "on", "mat", "is", "good", "bad", "movie", "very"),
+    *("not", "i", "like", "it", "was", "and", "with", "red", "blue", "green", "house"),
+    *("tree", "runs", "fast", "slow", "what", "where", "who", "eats", "fish", "sleeps"),
+]
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+#: The position table: the models' max length in tokens.
+POSITIONS = 64
+HIDDEN = 32
+#: The sentence-transformers folders' max_seq_length.
+ST_MAX_SEQ = 16
+
+
+def bert_config(**extra: Any) -> transformers.BertConfig:
+    # A wide initializer spreads the random outputs apart, so a swapped order is visible.
+    return transformers.BertConfig(
+        vocab_size=len(SPECIALS) + len(WORDS),
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=37,
+        max_position_embeddings=POSITIONS,
+        initializer_range=0.5,
+        **extra,
+    )
+
+
+def _tokenizer(folder: Path, root: Path) -> None:
+    vocab = root / "vocab.txt"
+    if not vocab.is_file():
+        vocab.write_text("\n".join(SPECIALS + WORDS) + "\n")
+    transformers.BertTokenizerFast(vocab=str(vocab), do_lower_case=True).save_pretrained(folder)
+
+
+def sentence_folder(root: Path, name: str = "st", normalize: bool = True) -> Path:
+    """A sentence-transformers folder: mean pooling, and Normalize when ``normalize``."""
+    folder = root / name
+    torch.manual_seed(1)
+    transformers.BertModel(bert_config()).save_pretrained(folder)
+    _tokenizer(folder, root)
+    (folder / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": ST_MAX_SEQ, "do_lower_case": False})
+    )
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": HIDDEN, "pooling_mode_mean_tokens": True})
+    )
+    kinds = ["Transformer", "Pooling", *(["Normalize"] if normalize else [])]
+    paths = {"Transformer": "", "Pooling": "1_Pooling"}
+    modules = [
+        {
+            "idx": i,
+            "name": str(i),
+            "path": paths.get(kind, f"{i}_{kind}"),
+            "type": f"sentence_transformers.models.{kind}",
+        }
+        for i, kind in enumerate(kinds)
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    return folder
+
+
+def encoder_folder(root: Path, name: str = "base") -> Path:
+    """A bare encoder, for the feature-extraction pipeline."""
+    folder = root / name
+    torch.manual_seed(0)
+    transformers.BertModel(bert_config()).save_pretrained(folder)
+    _tokenizer(folder, root)
+    return folder
+
+
+def classifier_folder(root: Path, name: str, labels: list[str], seed: int = 0) -> Path:
+    """A sequence classifier with ``labels`` (one label: a single-logit cross-encoder)."""
+    folder = root / name
+    torch.manual_seed(seed)
+    config = bert_config(
+        id2label=dict(enumerate(labels)), label2id={label: i for i, label in enumerate(labels)}
+    )
+    transformers.BertForSequenceClassification(config).save_pretrained(folder)
+    _tokenizer(folder, root)
+    return folder
