@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
@@ -28,7 +29,9 @@ import uvicorn  # noqa: E402
 from starlette.applications import Starlette  # noqa: E402
 
 from batching.app import create_app  # noqa: E402
+from batching.http.connections import protocol_class  # noqa: E402
 from batching.logs import configure_logging, uvicorn_log_config  # noqa: E402
+from batching.runtime.allocator import tune_malloc  # noqa: E402
 from batching.runtime.deployment import Deployment  # noqa: E402
 from batching.runtime.warmup import InstanceInfo  # noqa: E402
 from batching.settings.cli import ServerSettings, parse_settings  # noqa: E402
@@ -59,6 +62,10 @@ def build(
     # instances inherit them. Each instance's thread team then fits its share of the cores.
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[variable] = str(settings.torch_threads)
+    if settings.malloc == "auto":
+        # Before any model loads; process instances inherit it through the environment.
+        tune_malloc()
+    _raise_file_limit(settings.connections.max_connections)
     return create_app(
         settings.models,
         max_body_bytes=settings.max_body_bytes,
@@ -70,6 +77,19 @@ def build(
         grpc_port_explicit=settings.grpc_port_explicit,
         on_grpc_failure=on_grpc_failure,
     )
+
+
+def _raise_file_limit(connections: int) -> None:
+    """Let the process hold its connection cap's sockets plus room for models and logs: a
+    soft limit of 1,024 would make accept() fail (and stall) long before the cap."""
+    wanted = connections + 1024
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            new = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    except (ValueError, OSError):
+        logger.warning("could not raise the open-file limit for %d connections", connections)
 
 
 class _Server(uvicorn.Server):
@@ -145,6 +165,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         log_config=uvicorn_log_config(settings.log_level, settings.log_format),
         timeout_graceful_shutdown=int(settings.shutdown_timeout),
         access_log=False,
+        # uvicorn's own protocol plus header and body timeouts, a connection cap and a
+        # lingering close (batching/http/connections.py); its keep-alive timeout too.
+        http=protocol_class(settings.connections),
     )
     server = _Server(config, app, settings.shutdown_timeout)
     server.run()

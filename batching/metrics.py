@@ -11,7 +11,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from batching.runtime.deployment import Deployment
 
-__all__ = ["Duration", "Metrics", "ModelEvents", "ModelStatistics"]
+__all__ = [
+    "Duration",
+    "Metrics",
+    "ModelEvents",
+    "ModelStatistics",
+    "Signals",
+    "autoscaling_signals",
+]
 
 _LATENCY_BUCKETS = tuple(0.0005 * 2**i for i in range(16))  # 0.5 ms .. ~16 s
 
@@ -99,6 +106,38 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+        # Autoscaling signals: set at each scrape from the batcher's counters, so they are
+        # true at the instant of the scrape (not averages over completed requests).
+        self.queue_requests = Gauge(
+            "batching_queue_depth_requests",
+            "Requests admitted whose items have not started running yet.",
+            ["model"],
+            registry=r,
+        )
+        self.inflight_items = Gauge(
+            "batching_inflight_items",
+            "Items in batches running on the model's instances now.",
+            ["model"],
+            registry=r,
+        )
+        self.capacity = Gauge(
+            "batching_capacity_items_per_second",
+            "Measured drain rate: items per second across the ready instances.",
+            ["model"],
+            registry=r,
+        )
+        self.expected_wait = Gauge(
+            "batching_expected_wait_seconds",
+            "Expected wait of a request arriving now: (queued + in-flight items) / drain rate.",
+            ["model"],
+            registry=r,
+        )
+        self.busy_ratio = Gauge(
+            "batching_instances_busy_ratio",
+            "Fraction of the ready instances running a batch now (0 with none ready).",
+            ["model"],
+            registry=r,
+        )
         self.instances_ready = Gauge(
             "batching_instances_ready",
             "Model instances loaded, warm and serving.",
@@ -118,10 +157,52 @@ class Metrics:
     def observe_deployment(self, deployment: Deployment) -> None:
         """Set the gauges that describe ``deployment`` now (at the scrape)."""
         batcher = deployment.batcher
-        self.queue_depth.labels(deployment.name).set(batcher.queued_items)
-        self.instances_ready.labels(deployment.name).set(batcher.ready_instances)
+        name = deployment.name
+        self.queue_depth.labels(name).set(batcher.queued_items)
+        self.instances_ready.labels(name).set(batcher.ready_instances)
+        signals = autoscaling_signals(
+            queued_items=batcher.queued_items,
+            running_items=batcher.running_items,
+            busy_instances=batcher.busy_instances,
+            ready_instances=batcher.ready_instances,
+            per_instance=batcher.throughput.per_instance,
+        )
+        self.queue_requests.labels(name).set(batcher.queued_requests)
+        self.inflight_items.labels(name).set(batcher.running_items)
+        self.capacity.labels(name).set(signals.capacity)
+        self.expected_wait.labels(name).set(signals.expected_wait)
+        self.busy_ratio.labels(name).set(signals.busy_ratio)
         if deployment.warmup_s:
             self.warmup.labels(deployment.name).set(deployment.warmup_s[-1])
+
+
+@dataclass(frozen=True, slots=True)
+class Signals:
+    """What an autoscaler reads about one model, derived from its counters at one instant."""
+
+    #: Items per second the ready instances drain, at the measured rate of one instance.
+    capacity: float
+    #: Seconds until a request arriving now would start: the work ahead at that rate.
+    expected_wait: float
+    #: Busy instances over ready ones.
+    busy_ratio: float
+
+
+def autoscaling_signals(
+    *,
+    queued_items: int,
+    running_items: int,
+    busy_instances: int,
+    ready_instances: int,
+    per_instance: float,
+) -> Signals:
+    """The derived signals. With no instance ready, the wait is priced at one instance (as
+    admission prices Retry-After), so the gauge stays finite for an autoscaler to read."""
+    capacity = per_instance * ready_instances
+    rate = per_instance * max(1, ready_instances)
+    expected_wait = (queued_items + running_items) / rate if rate > 0 else 0.0
+    busy_ratio = busy_instances / ready_instances if ready_instances else 0.0
+    return Signals(capacity=capacity, expected_wait=expected_wait, busy_ratio=min(1.0, busy_ratio))
 
 
 @dataclass(slots=True)

@@ -1,14 +1,25 @@
-"""Resident memory of the server per instance kind and count, on the default model.
+"""Resident memory of the server, on the default model: per instance kind and count, and over
+a soak of mixed traffic.
 
-For each setting, starts ``python server.py``, waits until every instance is ready, sends a
-few batches of maximum-length text so the allocator reaches its working size, and reads the
-RSS of the server process and of each child process (process instances) with psutil.
+The table: for each setting, starts ``python server.py``, waits until every instance is
+ready, sends a few batches of maximum-length text so the allocator reaches its working size,
+and reads the RSS of the server process and of each child process (process instances) with
+psutil.
 
-    python benchmarks/memory.py
+The soak: starts ``python server.py`` (1 thread instance, plus ``--server-arg`` flags and
+``--env`` variables), reads the process tree's RSS idle, after ``--warmup-seconds`` of mixed
+traffic and after ``--soak-seconds`` more (closed-loop clients sending 1 to 1,024 texts of 2
+to 256 words each), and reports the growth from warm-up to the end (target: under 5 %).
+
+    python benchmarks/memory.py                           # the table, then a 600 s soak
+    python benchmarks/memory.py --no-table --soak-seconds 600 --server-arg=--malloc=off
+    python benchmarks/memory.py --no-table --server-arg=--malloc=off --env MALLOC_ARENA_MAX=2
+    python benchmarks/memory.py --no-table --warmup-seconds 5 --soak-seconds 10   # smoke
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -19,8 +30,12 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from load_test.metrics_scrape import parse_samples  # noqa: E402
-from load_test.procstat import child_pids, rss_bytes  # noqa: E402
+from load_test.procstat import child_pids, rss_bytes, tree_rss_bytes  # noqa: E402
 from load_test.serverproc import ServerProcess  # noqa: E402
+from load_test.soak import Mix, run_soak, summary  # noqa: E402
+
+#: Mixed requests carry up to 1,024 texts of 256 words: over the default 1 MiB body limit.
+SOAK_FLAGS = ["--max-body-bytes", str(16 << 20)]
 
 SETTINGS = {
     "1 thread instance": ["--instances", "1"],
@@ -42,7 +57,83 @@ def instances_ready(client: httpx.Client, url: str) -> int:
     return 0
 
 
-def main() -> int:
+def tree_mb(pid: int) -> float:
+    return (tree_rss_bytes(pid) or 0) / 2**20
+
+
+def soak(args: argparse.Namespace) -> int:
+    env = dict(item.split("=", 1) for item in args.env)
+    log = ROOT / "load_test_results" / "memory-soak-server.log"
+    with ServerProcess([*SOAK_FLAGS, *args.server_arg], cwd=ROOT, log_path=log, env=env) as server:
+        assert server.pid is not None
+        pid = server.pid
+        time.sleep(2.0)  # let start-up settle before the idle reading
+        idle = tree_mb(pid)
+        mix = Mix(small=0, big=0, mixed=args.clients)
+        warm = summary(run_soak(server.url, mix, duration=args.warmup_seconds, seed=1))
+        warmed = tree_mb(pid)
+        print(
+            f"idle {idle:.0f} MB; after {args.warmup_seconds:.0f} s warm-up {warmed:.0f} MB",
+            flush=True,
+        )
+
+        def progress(window: dict[str, object]) -> None:
+            print(f"  t={window['end']:.0f}s rss {window.get('rss_mb')} MB", flush=True)
+
+        result = run_soak(
+            server.url,
+            mix,
+            duration=args.soak_seconds,
+            window=args.window,
+            server_pid=pid,
+            seed=2,
+            on_window=progress,
+        )
+        soaked = tree_mb(pid)
+    figures = summary(result)
+    peak = figures.get("rss_mb", {}).get("max", soaked)
+    growth = (soaked - warmed) / warmed * 100 if warmed else 0.0
+    requests = figures["kinds"].get("mixed", {})
+    print("| reading | process tree RSS MB |")
+    print("|---|---|")
+    print(f"| idle (ready, no request yet) | {idle:.0f} |")
+    print(f"| after {args.warmup_seconds:.0f} s warm-up | {warmed:.0f} |")
+    print(f"| after {args.soak_seconds:.0f} s mixed soak | {soaked:.0f} (peak {peak:.0f}) |")
+    print(f"growth from warm-up to the end of the soak: {growth:+.1f}% (target < 5%)")
+    print(
+        f"soak traffic: {requests.get('ok', 0)} answered requests, "
+        f"{requests.get('items_per_s', 0):.0f} items/s, warm-up {warm['kinds']}; "
+        f"server flags {[*SOAK_FLAGS, *args.server_arg]}, env {env or '-'}"
+    )
+    return 0 if growth < 5 else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--no-table", action="store_true", help="skip the per-setting table")
+    parser.add_argument("--no-soak", action="store_true", help="skip the mixed soak")
+    parser.add_argument("--soak-seconds", type=float, default=600.0, help="soak length (600)")
+    parser.add_argument("--warmup-seconds", type=float, default=60.0, help="warm-up (60)")
+    parser.add_argument("--clients", type=int, default=2, help="mixed closed-loop clients (2)")
+    parser.add_argument("--window", type=float, default=30.0, help="RSS reading every (30) s")
+    parser.add_argument(
+        "--server-arg", action="append", default=[], metavar="ARG", help="server flag"
+    )
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="NAME=VALUE", help="server variable"
+    )
+    args = parser.parse_args(argv)
+    code = 0
+    if not args.no_table:
+        code = table()
+    if not args.no_soak:
+        code = soak(args) or code
+    return code
+
+
+def table() -> int:
     long_text = " ".join(["measurement"] * 300)
     print("| setting | server process MB | child processes MB | total MB |")
     print("|---|---|---|---|")

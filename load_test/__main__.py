@@ -14,13 +14,22 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from load_test.client import LoadSpec, Target
+from load_test.client import DEFAULT_GRPC_PORT, LoadSpec, Target
 from load_test.experiments import ServerOptions, concurrency_sweep, triton_batching, tune
 from load_test.measure import measure, progress_enabled
-from load_test.payloads import API_CHOICES, PayloadSet, build_payloads, load_texts, parse_range
+from load_test.payloads import (
+    API_CHOICES,
+    OPENAI_ENCODINGS,
+    PayloadSet,
+    build_payloads,
+    load_texts,
+    parse_range,
+)
 from load_test.report import format_run, plot_curve, plot_latency, plot_timeline, write_json
 from load_test.schedule import PROCESSES, Segment, ramp, steps
-from load_test.serverproc import DEFAULT_COMMAND
+from load_test.serverproc import DEFAULT_COMMAND, free_port
+from load_test.soak import add_parser as add_soak_parser
+from load_test.soak import cmd_soak
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -90,13 +99,27 @@ def _add_traffic(p: argparse.ArgumentParser, *, items: bool = True) -> None:
         "--api",
         choices=API_CHOICES,
         default="json",
-        help="body format: plain text (one input), JSON {'inputs': [...]}, or KServe v2 "
-        "(default: json)",
+        help="the server's door: plain text (one input), JSON {'inputs': [...]}, KServe v2 "
+        "with JSON (v2) or binary (v2-binary) tensors, OpenAI /v1/embeddings (openai), or "
+        "KServe v2 ModelInfer over gRPC (grpc) (default: json)",
     )
     g.add_argument(
         "--model-name",
         default=DEFAULT_MODEL_NAME,
-        help=f"model name in the v2 URL (default: {DEFAULT_MODEL_NAME})",
+        help=f"model name in the v2 URL, the OpenAI body's model and the gRPC call "
+        f"(default: {DEFAULT_MODEL_NAME})",
+    )
+    g.add_argument(
+        "--openai-encoding",
+        choices=OPENAI_ENCODINGS,
+        default="base64",
+        help="the openai body's encoding_format (default: base64, as the openai SDK asks)",
+    )
+    g.add_argument(
+        "--grpc-url",
+        metavar="HOST:PORT",
+        help=f"the gRPC door, for --api grpc (default: the URL's host, port "
+        f"{DEFAULT_GRPC_PORT}; a server this command starts gets a free --grpc-port)",
     )
     if items:
         g.add_argument(
@@ -396,6 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_traffic(tn)
     _add_server(tn)
     _add_output(tn, "tune")
+    add_soak_parser(sub)
     return parser
 
 
@@ -419,9 +443,19 @@ def _payloads(args: argparse.Namespace, items: tuple[int, int]) -> PayloadSet:
             texts=texts,
             seed=args.seed,
             model_name=args.model_name,
+            openai_encoding=args.openai_encoding,
         )
     except (OSError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+
+
+def _grpc_for_started_server(args: argparse.Namespace) -> None:
+    """For a gRPC run against servers this command starts: unless ``--grpc-url`` says where,
+    each is started with the same free ``--grpc-port`` (one server runs at a time)."""
+    if args.api == "grpc" and args.grpc_url is None:
+        port = free_port()
+        args.grpc_url = f"127.0.0.1:{port}"
+        args.server_arg = [*args.server_arg, f"--grpc-port={port}"]
 
 
 def _spec(args: argparse.Namespace, **fields: Any) -> LoadSpec:
@@ -431,6 +465,7 @@ def _spec(args: argparse.Namespace, **fields: Any) -> LoadSpec:
             timeout=args.timeout,
             validate=args.validate,
             http_client=args.http_client,
+            grpc_target=args.grpc_url,
             **fields,
         )
     except ValueError as exc:
@@ -445,17 +480,23 @@ def _target(url: str) -> Target:
 
 
 def _check_v2_model(target: Target, api: str, model_name: str) -> None:
-    """Fail early, with the fix, when a v2 run names a model the server does not serve."""
-    if api != "v2":
+    """Fail early, with the fix, when a run names a model the server does not serve (for
+    ``grpc``, asked over HTTP: the same server serves both doors)."""
+    if api in ("v2", "v2-binary", "grpc"):
+        path = f"/v2/models/{model_name}"
+    elif api == "openai":
+        path = f"/v1/models/{model_name}"
+    else:
         return
     import httpx
 
     try:
-        answer = httpx.get(target.url(f"/v2/models/{model_name}"), timeout=10)
+        answer = httpx.get(target.url(path), timeout=10)
     except httpx.HTTPError:
         return  # unreachable: the run itself will count and report the connection errors
     if answer.status_code == 404:
-        raise UsageError(f"{target.base} serves no model {model_name!r}: pass --model-name")
+        served = "no embedding model" if api == "openai" else "no model"
+        raise UsageError(f"{target.base} serves {served} {model_name!r}: pass --model-name")
 
 
 def _server(args: argparse.Namespace) -> ServerOptions:
@@ -555,6 +596,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    if args.start_server:
+        _grpc_for_started_server(args)
     payloads = _payloads(args, args.items)
     base = _spec(
         args,
@@ -600,6 +643,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_triton(args: argparse.Namespace) -> int:
+    _grpc_for_started_server(args)
     pools = {n: _payloads(args, (n, n)) for n in args.sizes}
 
     def make_spec(n: int) -> LoadSpec:
@@ -625,6 +669,7 @@ def cmd_triton(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    _grpc_for_started_server(args)
     payloads = _payloads(args, args.items)
 
     def make_spec(clients: int) -> LoadSpec:
@@ -657,6 +702,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "concurrency-sweep": cmd_sweep,
     "triton-batching": cmd_triton,
     "tune": cmd_tune,
+    "soak": cmd_soak,
 }
 
 
@@ -666,8 +712,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except UsageError as exc:
-        parser.error(str(exc))
-    return 2  # unreachable: parser.error exits
+        parser.error(str(exc))  # exits
 
 
 if __name__ == "__main__":

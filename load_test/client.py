@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import orjson
@@ -35,8 +35,12 @@ from load_test.procstat import machine_cpu_seconds, tree_cpu_seconds
 from load_test.schedule import Segment, arrivals, expected_count
 from load_test.stats import CONNECTION_ERROR, INVALID, TIMEOUT
 
+if TYPE_CHECKING:
+    from load_test.grpc_client import GrpcSender
+
 __all__ = [
     "CONNECTION_ERROR",
+    "DEFAULT_GRPC_PORT",
     "INVALID",
     "TIMEOUT",
     "LoadSpec",
@@ -46,6 +50,10 @@ __all__ = [
     "count_outputs",
     "run_load",
 ]
+
+
+#: The port of the server's gRPC door unless told otherwise (``--grpc-port``'s default).
+DEFAULT_GRPC_PORT = 8001
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +85,12 @@ class Target:
     def url(self, path: str) -> str:
         return self.base + path
 
+    @property
+    def grpc_default(self) -> str:
+        """The gRPC door on the same host, at the server's default gRPC port."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{DEFAULT_GRPC_PORT}"
+
 
 @dataclass(frozen=True, slots=True)
 class LoadSpec:
@@ -94,6 +108,9 @@ class LoadSpec:
     validate: bool = True
     #: "raw" (the cheap built-in HTTP/1.1 client) or "httpx"; https always uses httpx.
     http_client: str = "raw"
+    #: ``host:port`` of the gRPC door, for the ``grpc`` API (default: the URL's host, port
+    #: :data:`DEFAULT_GRPC_PORT`).
+    grpc_target: str | None = None
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (not self.segments):
@@ -172,25 +189,54 @@ class RunResult:
         return self.end - self.start
 
 
-def count_outputs(api: str, body: bytes) -> int | None:
-    """How many results a 200 body holds, or None when it is not a well-formed answer."""
+def count_outputs(api: str, body: bytes, header_length: int | None = None) -> int | None:
+    """How many results a 200 body holds, or None when it is not a well-formed answer.
+
+    ``header_length`` is a binary v2 answer's ``Inference-Header-Content-Length``: its JSON
+    header is that many bytes, and the outputs' ``binary_data_size`` must add up to the rest.
+    """
+    binary: int | None = None
+    if header_length is not None:
+        if not 0 <= header_length <= len(body):
+            return None
+        binary = len(body) - header_length
+        body = body[:header_length]
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
     if not isinstance(data, dict):
         return None
+    if api == "openai":
+        vectors = data.get("data")
+        return len(vectors) if isinstance(vectors, list) else None
     outputs = data.get("outputs")
     if not isinstance(outputs, list):
         return None
-    if api != "v2":
+    if api not in ("v2", "v2-binary"):
         return len(outputs)
     if not outputs or not isinstance(outputs[0], dict):
+        return None
+    if binary is not None and binary != _binary_sizes(outputs):
         return None
     shape = outputs[0].get("shape")
     if isinstance(shape, list) and shape and isinstance(shape[0], int):
         return shape[0]
     return None
+
+
+def _binary_sizes(outputs: list[Any]) -> int | None:
+    """The bytes of binary data a v2 answer's outputs announce, or None if one is malformed."""
+    total = 0
+    for output in outputs:
+        if not isinstance(output, dict):
+            return None
+        parameters = output.get("parameters") or {}
+        size = parameters.get("binary_data_size", 0) if isinstance(parameters, dict) else None
+        if not isinstance(size, int) or size < 0:
+            return None
+        total += size
+    return total
 
 
 class _Sender:
@@ -201,7 +247,7 @@ class _Sender:
         payloads = spec.payloads
         path = target.prefix + payloads.path
         self._raw = [
-            build_request(target.host_header, path, payloads.content_type, p.body)
+            build_request(target.host_header, path, payloads.content_type, p.body, p.headers)
             for p in payloads.payloads
         ]
         self._pool = ConnectionPool(target.host, target.port, limit)
@@ -260,16 +306,22 @@ class _HttpxSender:
 
     async def send(self, index: int, deadline: float) -> tuple[float, Response]:
         payload = self.spec.payloads.payloads[index % len(self.spec.payloads)]
+        headers = {**self._headers, **dict(payload.headers)} if payload.headers else self._headers
         sent = time.monotonic()
         timeout = max(deadline - sent, 0.001)
         try:
             answer = await asyncio.wait_for(
-                self._client.post(self._url, content=payload.body, headers=self._headers),
+                self._client.post(self._url, content=payload.body, headers=headers),
                 timeout,
             )
         except self._httpx.TransportError as exc:
             raise ConnectionError(type(exc).__name__) from exc
-        return sent, Response(answer.status_code, answer.content, True, time.monotonic())
+        done = time.monotonic()
+        length = answer.headers.get("inference-header-content-length")
+        header_length = None
+        if length is not None:
+            header_length = int(length) if length.isdigit() else -1
+        return sent, Response(answer.status_code, answer.content, True, done, header_length)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -291,9 +343,16 @@ class _Runner:
         self.records = Recorder()
         self.progress = progress
         limit = spec.concurrency if spec.concurrency is not None else spec.max_connections
-        use_httpx = target.scheme == "https" or spec.http_client == "httpx"
-        sender_class = _HttpxSender if use_httpx else _Sender
-        self.sender: _Sender | _HttpxSender = sender_class(target, spec, limit)
+        self.sender: _Sender | _HttpxSender | GrpcSender
+        if spec.payloads.api == "grpc":
+            from load_test.grpc_client import GrpcSender
+
+            grpc_target = spec.grpc_target or target.grpc_default
+            self.sender = GrpcSender(grpc_target, spec.payloads, limit, spec.mode == "open")
+        elif target.scheme == "https" or spec.http_client == "httpx":
+            self.sender = _HttpxSender(target, spec, limit)
+        else:
+            self.sender = _Sender(target, spec, limit)
         self.in_flight = 0
         self.max_in_flight = 0
         self.loop_lags: list[float] = []
@@ -317,10 +376,14 @@ class _Runner:
         else:
             status = response.status
             if status == 200 and spec.validate:
-                outputs = count_outputs(spec.payloads.api, response.body)
+                outputs = response.outputs
+                if outputs is None:
+                    outputs = count_outputs(
+                        spec.payloads.api, response.body, response.header_length
+                    )
                 if outputs != items:
                     status = INVALID
-                    reason = "not JSON" if outputs is None else f"{outputs} outputs"
+                    reason = "malformed" if outputs is None else f"{outputs} outputs"
                     self.records.errors[f"invalid: {reason} for {items} inputs"] += 1
             self.records.add(intended, dispatched, sent, response.done, status, items, phase)
         finally:

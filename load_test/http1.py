@@ -22,23 +22,37 @@ _MAX_HEAD = 64 * 1024
 
 @dataclass(slots=True)
 class Response:
-    """A parsed response; ``done`` is ``time.monotonic()`` when its last byte arrived."""
+    """A parsed response; ``done`` is ``time.monotonic()`` when its last byte arrived.
+
+    ``header_length`` is the ``Inference-Header-Content-Length`` header of a KServe v2 answer
+    with binary data (None without it). ``outputs`` is set by senders that count the outputs
+    themselves (gRPC); for the others the body is read.
+    """
 
     status: int
     body: bytes
     keep_alive: bool
     done: float
+    header_length: int | None = None
+    outputs: int | None = None
 
 
 class StaleConnection(ConnectionError):
     """A reused connection closed before any byte of the response: safe to retry once."""
 
 
-def build_request(host: str, path: str, content_type: str, body: bytes) -> bytes:
+def build_request(
+    host: str,
+    path: str,
+    content_type: str,
+    body: bytes,
+    headers: tuple[tuple[str, str], ...] = (),
+) -> bytes:
     """The complete bytes of a POST, built once per payload."""
+    extra = "".join(f"{name}: {value}\r\n" for name, value in headers)
     head = (
         f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {content_type}\r\n"
-        f"Content-Length: {len(body)}\r\nAccept: application/json\r\n\r\n"
+        f"Content-Length: {len(body)}\r\n{extra}Accept: application/json\r\n\r\n"
     )
     return head.encode("latin-1") + body
 
@@ -56,6 +70,8 @@ class HttpProtocol(asyncio.Protocol):
         # Parsed head of the response in progress: (status, body start, length or -1 for
         # read-until-close or -2 for chunked, keep-alive).
         self._head: tuple[int, int, int, bool] | None = None
+        # Its Inference-Header-Content-Length, when it has one.
+        self._header_length: int | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -109,9 +125,10 @@ class HttpProtocol(asyncio.Protocol):
     def _finish(self, status: int, body: bytes, keep_alive: bool) -> None:
         done = time.monotonic()
         self._head = None
+        header_length, self._header_length = self._header_length, None
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
-            waiter.set_result(Response(status, body, keep_alive, done))
+            waiter.set_result(Response(status, body, keep_alive, done, header_length))
         if not keep_alive:
             self.close()
 
@@ -129,6 +146,7 @@ class HttpProtocol(asyncio.Protocol):
         if 100 <= status < 200:
             del buf[:start]
             self._head = None
+            self._header_length = None
             return True
         if length >= 0:
             if len(buf) < start + length:
@@ -167,6 +185,11 @@ class HttpProtocol(asyncio.Protocol):
             elif name == b"connection":
                 token = value.strip().lower()
                 keep_alive = token == b"keep-alive" or (keep_alive and token != b"close")
+            elif name == b"inference-header-content-length":
+                try:
+                    self._header_length = int(value)
+                except ValueError:
+                    self._header_length = -1  # not a number: the answer is malformed
         if status in (204, 304) or 100 <= status < 200:
             length = 0
         if length == -1:

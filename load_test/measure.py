@@ -159,7 +159,7 @@ def _client_report(result: RunResult, summary: dict[str, Any]) -> dict[str, Any]
     }
 
 
-def _load_description(spec: LoadSpec) -> dict[str, Any]:
+def _load_description(target: Target, spec: LoadSpec) -> dict[str, Any]:
     payloads = spec.payloads
     sizes = [p.items for p in payloads.payloads]
     load: dict[str, Any] = {
@@ -171,6 +171,8 @@ def _load_description(spec: LoadSpec) -> dict[str, Any]:
         "duration_limit_s": spec.duration,
         "timeout_s": spec.timeout,
     }
+    if payloads.api == "grpc":
+        load["grpc_target"] = spec.grpc_target or target.grpc_default
     if spec.mode == "closed":
         load["concurrency"] = spec.concurrency
     else:
@@ -223,7 +225,7 @@ def measure(
         "label": label,
         "target": target.base,
         "started_at": started_at,
-        "load": _load_description(spec),
+        "load": _load_description(target, spec),
         "warmup_requests": warmup,
         "summary": summary,
     }

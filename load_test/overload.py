@@ -56,7 +56,7 @@ CAPACITY_CHECK = "capacity at least half the model's offline capacity"
 
 def offline_capacity(server_args: Sequence[str], seconds: float) -> float:
     """Items/s of the served model called directly at batch 32 (``benchmarks/offline.py``)."""
-    flags = {"--model": None, "--task": None}
+    flags: dict[str, str | None] = {"--model": None, "--task": None}
     for index, arg in enumerate(server_args[:-1]):
         if arg in flags:
             flags[arg] = server_args[index + 1]

@@ -1,4 +1,4 @@
-"""Request bodies: built-in sentences or lines from a file, in the server's three body formats.
+"""Request bodies: built-in sentences or lines from a file, in each of the server's formats.
 
 Bodies are encoded once, before the run, into a small pool that the client cycles through, so
 building a request costs nothing while the clock runs.
@@ -15,9 +15,13 @@ import orjson
 
 __all__ = [
     "API_CHOICES",
+    "GRPC_METHOD",
+    "INPUT_NAME",
+    "OPENAI_ENCODINGS",
     "Payload",
     "PayloadSet",
     "build_payloads",
+    "bytes_tensor",
     "load_texts",
     "make_sentence",
     "parse_range",
@@ -25,8 +29,21 @@ __all__ = [
 ]
 
 #: ``plain``: one text per request as ``text/plain``; ``json``: ``{"inputs": [...]}``;
-#: ``v2``: a KServe v2 ``infer`` body with one BYTES tensor.
-API_CHOICES = ("plain", "json", "v2")
+#: ``v2``: a KServe v2 ``infer`` body with one BYTES tensor as JSON data; ``v2-binary``: the
+#: same with the tensor as binary data after a JSON header, and binary outputs asked for;
+#: ``openai``: an OpenAI ``/v1/embeddings`` body; ``grpc``: KServe v2 ``ModelInfer`` over gRPC
+#: (the payload's body is the tensor's ``raw_input_contents``: 4-byte little-endian length and
+#: UTF-8 bytes per text).
+API_CHOICES = ("plain", "json", "v2", "v2-binary", "openai", "grpc")
+
+#: ``encoding_format`` values of the OpenAI embeddings API (the ``openai`` SDK asks for base64).
+OPENAI_ENCODINGS = ("base64", "float")
+
+#: The RPC the ``grpc`` API calls, shown where an HTTP API shows its path.
+GRPC_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+
+#: The name of the one input tensor of the v2 and gRPC bodies.
+INPUT_NAME = "text"
 
 # Everyday words of mixed length, so a sentence of N words has a realistic token count
 # (about 1.3 tokens per word for a WordPiece vocabulary).
@@ -46,10 +63,12 @@ _WORDS = (
 
 @dataclass(frozen=True, slots=True)
 class Payload:
-    """One encoded request body and the number of inputs it carries."""
+    """One encoded request body, the number of inputs it carries, and any HTTP headers it
+    needs besides ``Content-Type`` and ``Content-Length``."""
 
     body: bytes
     items: int
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +79,8 @@ class PayloadSet:
     path: str
     content_type: str
     payloads: tuple[Payload, ...]
+    #: The model named in the body or RPC (``openai``, ``grpc``) or the path (``v2``).
+    model_name: str = ""
 
     def __len__(self) -> int:
         return len(self.payloads)
@@ -107,19 +128,58 @@ def load_texts(path: Path) -> list[str]:
 
 
 def request_path(api: str, model_name: str) -> str:
-    """The URL path each API posts to."""
-    if api == "v2":
+    """The URL path each API posts to (for ``grpc``, the RPC it calls)."""
+    if api in ("v2", "v2-binary"):
         return f"/v2/models/{model_name}/infer"
+    if api == "openai":
+        return "/v1/embeddings"
+    if api == "grpc":
+        return GRPC_METHOD
     return "/"
 
 
-def _encode(api: str, texts: Sequence[str]) -> bytes:
+def bytes_tensor(texts: Sequence[str]) -> bytes:
+    """``texts`` as the binary form of a KServe v2 BYTES tensor: each element's byte length
+    as 4 little-endian bytes, then its UTF-8 bytes."""
+    parts = []
+    for text in texts:
+        encoded = text.encode("utf-8")
+        parts.append(len(encoded).to_bytes(4, "little"))
+        parts.append(encoded)
+    return b"".join(parts)
+
+
+def _encode(
+    api: str, texts: Sequence[str], model_name: str, openai_encoding: str
+) -> tuple[bytes, tuple[tuple[str, str], ...]]:
+    """The body of one request and the extra headers it needs."""
     if api == "plain":
-        return texts[0].encode("utf-8")
+        return texts[0].encode("utf-8"), ()
     if api == "json":
-        return orjson.dumps({"inputs": list(texts)})
-    tensor = {"name": "text", "datatype": "BYTES", "shape": [len(texts), 1], "data": list(texts)}
-    return orjson.dumps({"inputs": [tensor]})
+        return orjson.dumps({"inputs": list(texts)}), ()
+    if api == "openai":
+        document = {"model": model_name, "input": list(texts), "encoding_format": openai_encoding}
+        return orjson.dumps(document), ()
+    if api == "grpc":
+        return bytes_tensor(texts), ()
+    tensor: dict[str, object] = {"name": INPUT_NAME, "datatype": "BYTES", "shape": [len(texts), 1]}
+    if api == "v2":
+        tensor["data"] = list(texts)
+        return orjson.dumps({"inputs": [tensor]}), ()
+    data = bytes_tensor(texts)
+    tensor["parameters"] = {"binary_data_size": len(data)}
+    header = orjson.dumps({"inputs": [tensor], "parameters": {"binary_data_output": True}})
+    return header + data, (("Inference-Header-Content-Length", str(len(header))),)
+
+
+def _content_type(api: str) -> str:
+    if api == "plain":
+        return "text/plain; charset=utf-8"
+    if api == "v2-binary":
+        return "application/octet-stream"
+    if api == "grpc":
+        return "application/grpc"
+    return "application/json"
 
 
 def build_payloads(
@@ -131,16 +191,22 @@ def build_payloads(
     count: int = 512,
     seed: int = 0,
     model_name: str = "all-MiniLM-L6-v2",
+    openai_encoding: str = "base64",
 ) -> PayloadSet:
     """``count`` bodies with ``items`` inputs each (drawn uniformly from the range).
 
     Inputs are sentences of ``words`` words, or drawn from ``texts`` when given. The same seed
-    gives the same bodies, so two runs compare like with like.
+    gives the same bodies, so two runs compare like with like, and the same texts whatever
+    the API, so two doors compare like with like too. ``openai_encoding`` is the
+    ``encoding_format`` an ``openai`` body asks for.
 
-    :raises ValueError: for an unknown API, or ``plain`` with more than one item per request.
+    :raises ValueError: for an unknown API or encoding, or ``plain`` with more than one item
+        per request.
     """
     if api not in API_CHOICES:
         raise ValueError(f"unknown api {api!r}; choose from {', '.join(API_CHOICES)}")
+    if openai_encoding not in OPENAI_ENCODINGS:
+        raise ValueError(f"unknown encoding {openai_encoding!r}; choose from base64, float")
     if api == "plain" and items != (1, 1):
         raise ValueError("a plain text body carries exactly one input: use --items 1")
     if count < 1:
@@ -153,11 +219,12 @@ def build_payloads(
             chosen = [rng.choice(texts) for _ in range(n)]
         else:
             chosen = [make_sentence(rng, rng.randint(*words)) for _ in range(n)]
-        payloads.append(Payload(body=_encode(api, chosen), items=n))
-    content_type = "text/plain; charset=utf-8" if api == "plain" else "application/json"
+        body, headers = _encode(api, chosen, model_name, openai_encoding)
+        payloads.append(Payload(body=body, items=n, headers=headers))
     return PayloadSet(
         api=api,
         path=request_path(api, model_name),
-        content_type=content_type,
+        content_type=_content_type(api),
         payloads=tuple(payloads),
+        model_name=model_name,
     )

@@ -300,6 +300,7 @@ def test_the_sdk_retries_a_503_after_the_retry_after_ms_it_was_sent(
 ) -> None:
     wait_s = 0.1
     monkeypatch.setattr(batching.core.admission, "retry_after", lambda depth, capacity: wait_s)
+    monkeypatch.setattr(batching.core.admission, "spread", lambda seconds, rng: seconds)
     model = GatedVectors()
     config = ModelConfig(name="gated", batching=BatchingConfig(max_queue_size=2))
     embeddings = {"model": "gated", "input": ["ab", "c"]}

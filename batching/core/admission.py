@@ -6,38 +6,55 @@ Two rules, both pure arithmetic over the queue's state and the measured throughp
   closes again only once the queue has fallen to ``queue_close_ratio`` of it, so it cannot flap;
 - a request whose predicted wait (the work queued and running ahead of it, at the measured
   rate, times :data:`ADMISSION_MARGIN`) would not fit before its deadline is refused at once,
-  instead of being accepted only to time out.
+  instead of being accepted only to time out. A request that joins the next batch (little
+  is queued) is held to the prediction without the margin: the margin covers the error of a
+  long prediction, and refusing there only turns a free instance away.
+
+No rule can spiral under a retry storm: the throughput estimate learns only from completed
+batches that show a busy instance (never from refusals, nor from the few-item batches that
+form while most requests are refused), so refusals cannot lower it and make more refusals.
+Retry-After hints are spread between the queue's drain time and twice it, so clients that
+honour them come back spread out rather than all at once.
 """
 
 from __future__ import annotations
 
 import math
+import random
 
 from batching.errors import Overloaded
 
 from .config import BatchingConfig
 from .events import BatchEvents
 
-__all__ = ["ADMISSION_MARGIN", "Admission", "Throughput"]
+__all__ = ["ADMISSION_MARGIN", "Admission", "Throughput", "retry_after", "spread"]
 
 #: Admit a request only if its predicted wait, times this, fits before its deadline.
 ADMISSION_MARGIN = 2.0
 
 
+#: Weight of one batch in the smoothed throughput: about the last ten batches count.
+LEARNING_RATE = 0.2
+
+
 class Throughput:
     """Items per second one instance completes, smoothed: feeds Retry-After and
-    predicted-wait admission."""
+    predicted-wait admission.
+
+    The batcher calls :meth:`observe` with completed batches only, and only with those that
+    show a busy instance (full, or at least half the batch cap): a batch of a few items costs
+    nearly as much as a full one, so its items/s understates capacity several times over.
+    """
 
     def __init__(self, prior: float = 100.0) -> None:
         self.per_instance = prior
 
     def observe(self, items: int, compute_s: float) -> None:
-        if compute_s <= 0:
+        """A completed batch of ``items`` took ``compute_s`` seconds on one instance."""
+        if compute_s <= 0 or items <= 0:
             return
         rate = items / compute_s
-        # Batches of one understate what a busy instance does; weight by batch size.
-        weight = min(0.5, 0.05 * items)
-        self.per_instance += weight * (rate - self.per_instance)
+        self.per_instance += LEARNING_RATE * (rate - self.per_instance)
 
 
 class Admission:
@@ -48,12 +65,19 @@ class Admission:
     :param events: told the reason of every refusal.
     """
 
-    def __init__(self, name: str, config: BatchingConfig, events: BatchEvents) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: BatchingConfig,
+        events: BatchEvents,
+        rng: random.Random | None = None,
+    ) -> None:
         self.name = name
         self.config = config
         self.events = events
         self.throughput = Throughput()
         self.breaker_open = False
+        self.rng = rng or random.Random()
 
     def check(
         self, count: int, *, queued: int, running: int, instances: int, time_left: float
@@ -73,22 +97,31 @@ class Admission:
             self.events.rejected("overloaded")
             raise Overloaded(
                 f"model {self.name!r} is overloaded: {queued} items queued",
-                retry_after=retry_after(queued, capacity),
+                retry_after=spread(retry_after(queued, capacity), self.rng),
             )
         # The work ahead of this request (queued and running), at the measured rate, must
         # fit in its deadline with room to spare: the rate is an estimate, and a request let
         # in at the margin would only wait to time out. Saying no now lets a retry succeed.
+        # A request that joins the next batch needs no margin: its wait is one batch.
         ahead = queued + running
         expected = (ahead + count) / capacity
-        if ahead > 0 and expected * ADMISSION_MARGIN > time_left:
+        next_batch = queued + count <= config.max_batch_size * max(1, instances)
+        margin = 1.0 if next_batch else ADMISSION_MARGIN
+        if ahead > 0 and expected * margin > time_left:
             self.events.rejected("deadline")
             raise Overloaded(
                 f"model {self.name!r} cannot serve this request before its deadline: "
                 f"{queued} items are queued ahead of it",
-                retry_after=retry_after(queued, capacity),
+                retry_after=spread(retry_after(queued, capacity), self.rng),
             )
 
 
 def retry_after(depth: int, capacity: float) -> float:
     """Seconds a refused client should wait: the queue's drain time, at least one."""
     return max(1.0, math.ceil(depth / capacity))
+
+
+def spread(seconds: float, rng: random.Random) -> float:
+    """``seconds`` to twice it, uniformly: refused together, clients that honour the hint
+    come back spread over a drain time instead of all in the same instant."""
+    return seconds * (1.0 + rng.random())

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -42,6 +43,13 @@ class Batcher:
     :param policy: decides the wait window of each forming batch.
     :param events: receives counts and timings.
     :param clock: seconds, for the per-request times of ``request_done`` only.
+    :param rng: draws the spread of Retry-After hints (tests inject a seeded one).
+
+    Fair queuing: small requests are served first come, first served; a request larger than
+    what the next batch can take is split, and the unserved rest goes to the *back* of the
+    queue, behind everything that arrived until the next batch starts forming. A request
+    larger than the batch cap therefore takes one batch-sized turn per round, and a request
+    queued behind it waits for at most the turn already running, not for all of it.
 
     Time is the running loop's clock; tests drive it with a virtual-time loop. The times each
     request reports are read from ``clock`` instead (``time.perf_counter`` by default): under
@@ -56,6 +64,7 @@ class Batcher:
         policy: BatchPolicy,
         events: BatchEvents | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        rng: random.Random | None = None,
     ) -> None:
         self.name = name
         self.clock = clock
@@ -63,17 +72,23 @@ class Batcher:
         self.policy = policy
         self.events: BatchEvents = events or NoEvents()
         self.queue: asyncio.Queue[Job] = asyncio.Queue()
-        # The unserved rest of a split request goes back to the head of the line.
+        # Jobs taken but not served (a batch that could not take them, a stopped collector)
+        # go back to the head of the line, in order. The unserved rest of a split request
+        # instead waits in the rotation, and joins the back of the queue when the next batch
+        # starts forming, behind what arrived while its turn ran (see :meth:`_rotate`).
         self._head: collections.deque[Job] = collections.deque()
+        self._rotation: collections.deque[Job] = collections.deque()
         self._arrival_waiters: list[asyncio.Future[None]] = []
         self._formation = asyncio.Lock()
         self.queued_items = 0
+        #: Admitted requests none of whose items has started running yet.
+        self.queued_requests = 0
         self.busy_instances = 0
         #: Items in batches running on instances now.
         self.running_items = 0
         self.instances = 0
         self.ready_instances = 0
-        self.admission = Admission(name, config, self.events)
+        self.admission = Admission(name, config, self.events, rng=rng)
         self.draining = False
         self._preferred = frozenset(config.preferred_batch_sizes)
 
@@ -129,6 +144,7 @@ class Batcher:
         )
         self.queue.put_nowait(Job(request, 0, count))
         self.queued_items += count
+        self.queued_requests += 1
         self.policy.observe_arrival(now, count)
         self._wake_collectors()
         return future
@@ -177,6 +193,8 @@ class Batcher:
                 job = self._head.popleft()
             elif not self.queue.empty():
                 job = self.queue.get_nowait()
+            elif self._rotation:
+                job = self._rotation.popleft()
             else:
                 return None
             self.queued_items -= job.size
@@ -202,6 +220,8 @@ class Batcher:
         if request.reported:
             return
         request.reported = True
+        if request.started is None:
+            self.queued_requests -= 1  # resolved (dropped, failed) before it ever ran
         now = self.clock()
         started = now if request.started is None else request.started
         self.events.request_done(
@@ -219,7 +239,7 @@ class Batcher:
             await self._wait_nonempty()
 
     async def _wait_nonempty(self) -> None:
-        if not self._head and self.queue.empty():
+        if not self._head and self.queue.empty() and not self._rotation:
             loop = asyncio.get_running_loop()
             waiter: asyncio.Future[None] = loop.create_future()
             self._arrival_waiters.append(waiter)
@@ -233,9 +253,12 @@ class Batcher:
         no reason to wait).
         """
         async with self._formation:
+            # The rest of a split request takes its next turn behind what has arrived.
+            while self._rotation:
+                self.queue.put_nowait(self._rotation.popleft())
             first = await self._take()
             batch = Batch(self.config.max_batch_size, self.config.max_batch_tokens)
-            self._put_back(batch.take(first))
+            self._return(first, batch.take(first))
             try:
                 reason = await self._collect(batch, first)
             except asyncio.CancelledError:
@@ -250,7 +273,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         config = self.config
         group_by_length = config.max_batch_tokens is not None and first.request.tokens is not None
-        backlog = bool(self._head) or not self.queue.empty()
+        backlog = bool(self._head) or not self.queue.empty() or bool(self._rotation)
         oldest = first.request.enqueued_at
         while True:
             if group_by_length:
@@ -286,7 +309,7 @@ class Batcher:
                 return False
             rest = batch.take(job)
             if rest is not None:
-                self._put_back(rest)
+                self._return(job, rest)
                 return True
         return True
 
@@ -304,6 +327,7 @@ class Batcher:
             pool.append(job)
             pooled += job.size
         left: dict[int, Job] = dict(enumerate(pool))
+        split: set[int] = set()
         for index in sorted(left, key=lambda i: abs(longest(pool[i]) - length)):
             if batch.full:
                 break
@@ -316,15 +340,38 @@ class Batcher:
             if rest is None:
                 del left[index]
             else:
+                if rest is not pool[index]:
+                    split.add(index)
                 left[index] = rest
         for index in sorted(left, reverse=True):
-            self._put_back(left[index])
+            if index not in split:
+                self._put_back(left[index])
+        for index in sorted(split):
+            self._rotate(left[index])
         return batch.full or bool(left)
+
+    def _return(self, taken: Job, rest: Job | None) -> None:
+        """What a batch left of ``taken``: nothing, all of it (it keeps its place at the head
+        of the line), or the rest of a split (it goes round to the back)."""
+        if rest is None:
+            return
+        if rest is taken:
+            self._put_back(rest)
+        else:
+            self._rotate(rest)
 
     def _put_back(self, job: Job | None) -> None:
         if job is not None:
             self._head.appendleft(job)
             self.queued_items += job.size
+
+    def _rotate(self, job: Job) -> None:
+        """The unserved rest of a request that was just served a batch-sized turn goes round
+        to the back of the queue once the next batch starts forming: round-robin by request,
+        so a 1,024-item request cannot hold the line while small requests queued behind it
+        wait for all of it, and it still gets a turn per round however many arrive."""
+        self._rotation.append(job)
+        self.queued_items += job.size
 
     # ----------------------------------------------------------- loop side: run and resolve
 
@@ -342,11 +389,16 @@ class Batcher:
             for job in jobs:
                 if job.request.started is None:
                     job.request.started = started_by_clock
+                    self.queued_requests -= 1
             self.busy_instances += 1
             running = sum(job.size for job in jobs)
             self.running_items += running
             try:
-                items, tokens, compute_s = await self._run_isolating_errors(run, jobs)
+                # Only batches that show what a busy instance does teach the capacity
+                # estimate: a batch of a few items at low load (or while a retry storm keeps
+                # most requests out) understates it, and learning from it would refuse more.
+                learn = reason == "full" or 2 * running >= self.config.max_batch_size
+                items, tokens, compute_s = await self._run_isolating_errors(run, jobs, learn)
             except (InstanceLost, asyncio.CancelledError):
                 # The instance is gone (or the server stops): these callers must hear now,
                 # not at their deadline.
@@ -366,9 +418,12 @@ class Batcher:
                 if job.request.future.done():
                     self._report(job.request)
 
-    async def _run_isolating_errors(self, run: RunBatch, jobs: list[Job]) -> tuple[int, int, float]:
+    async def _run_isolating_errors(
+        self, run: RunBatch, jobs: list[Job], learn: bool = False
+    ) -> tuple[int, int, float]:
         """Run ``jobs`` as one batch; when the model raises, bisect so that only the jobs
-        holding a failing input fail. Returns items, padded tokens and compute seconds."""
+        holding a failing input fail. Returns items, padded tokens and compute seconds.
+        ``learn``: the batch is representative of a busy instance, and its rate is learnt."""
         inputs = inputs_of(jobs)
         tokens = padded_tokens(jobs)
         try:
@@ -403,7 +458,8 @@ class Batcher:
             for job in jobs:
                 job.request.fail(failure)
             return len(inputs), tokens, compute_s
-        self.throughput.observe(len(inputs), compute_s)
+        if learn:
+            self.throughput.observe(len(inputs), compute_s)
         self.policy.observe_batch(len(inputs), tokens, compute_s)
         offset = 0
         for job in jobs:

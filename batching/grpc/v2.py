@@ -152,7 +152,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             asked = _lower(context.time_remaining(), timeout_parameter(parsed.parameters))
             deadline = plane.deadline(deployment, asked)
             items = items_of(deployment, parsed)
-            outputs = await self._infer(deployment, items, deadline, rid, context)
+            outputs = await self._infer(deployment, items, deadline, rid)
             if outputs is None:
                 status = CANCELLED
                 await context.abort(grpc.StatusCode.CANCELLED, "the call was cancelled")
@@ -176,29 +176,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             plane.record(deployment, status, started)
 
     async def _infer(
-        self, deployment: Deployment, items: list[Any], deadline: float, rid: str, context: Any
+        self, deployment: Deployment, items: list[Any], deadline: float, rid: str
     ) -> list[Any] | None:
-        """``items`` through the data plane, dropped wherever they are in the queue if the call
-        ends first (then None)."""
-        ended = asyncio.Event()
-        context.add_done_callback(lambda _: ended.set())
-
-        async def call_ended() -> None:
-            await ended.wait()
-
-        work = asyncio.ensure_future(
-            self.plane.infer(
-                deployment, items, deadline=deadline, request_id=rid, disconnected=call_ended
-            )
-        )
-        try:
-            # Shielded: grpc cancels this handler when the call ends, and the data plane must
-            # still see the call end to drop the items, as it does for a closed HTTP client.
-            return await asyncio.shield(work)
-        except asyncio.CancelledError:
-            ended.set()
-            work.add_done_callback(_retrieve)
-            raise
+        """``items`` through the data plane. grpc cancels this handler when the call ends
+        (cancelled, or past its deadline); the data plane then drops the items wherever they
+        are in the queue, as it does for a closed HTTP client."""
+        return await self.plane.infer(deployment, items, deadline=deadline, request_id=rid)
 
     def _request_id(self, request: Any, context: Any) -> str:
         """The caller's ``x-request-id`` metadata, else the request's ``id``, else a new one."""
@@ -208,9 +191,3 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         if _REQUEST_ID.match(request.id):
             return str(request.id)
         return self._new_id()
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    """Mark the outcome of a task nobody awaits as seen (it was answered already)."""
-    if not task.cancelled():
-        task.exception()

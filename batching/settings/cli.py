@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from batching.config import BatchingConfig, ModelConfig
+from batching.http.connections import ConnectionLimits
 from batching.models.source import ModelSource, ModelSourceError
 from batching.runtime.cpus import CpuBudget, read_cpu_budget
 
@@ -41,6 +42,10 @@ class ServerSettings:
     torch_threads: int
     #: The cores this process may use, as found at start-up.
     cpu_budget: CpuBudget = field(default_factory=lambda: CpuBudget(affinity=1, quota=None))
+    #: Timeouts and the cap of HTTP connections.
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
+    #: The glibc allocator settings server.py applies (``auto``, ``off``); see batching/memory.py.
+    malloc: str = "auto"
 
 
 def torch_threads_for(models: Sequence[ModelConfig], cores: int, asked: str) -> int:
@@ -203,6 +208,42 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     parser.flag(
         "--max-body-bytes", default=1 << 20, type=int, help="largest request body (413 beyond)"
     )
+    limits = ConnectionLimits()
+    parser.flag(
+        "--header-timeout-s",
+        default=limits.header_timeout,
+        type=float,
+        help="a connection whose request headers are not all in after this long (from its "
+        "first byte, or from the connection's start) gets 408 and is closed; 0: never",
+    )
+    parser.flag(
+        "--body-timeout-s",
+        default=limits.body_timeout,
+        type=float,
+        help="longest wait between two reads of a request body still arriving; past it, "
+        "408 and close; 0: never",
+    )
+    parser.flag(
+        "--keep-alive-timeout-s",
+        default=limits.keep_alive_timeout,
+        type=float,
+        help="an idle keep-alive connection is closed after this long",
+    )
+    parser.flag(
+        "--max-connections",
+        default=limits.max_connections,
+        type=int,
+        help="most open HTTP connections; a connection beyond it is answered 503 at once "
+        "and closed; 0: no cap",
+    )
+    parser.flag(
+        "--malloc",
+        default="auto",
+        choices=("auto", "off"),
+        help="auto: server.py fixes glibc's mmap threshold and caps its arenas "
+        "(batching/runtime/allocator.py), so resident memory stays flat under mixed request "
+        "sizes; off: leave the allocator as it is (MALLOC_* variables still apply)",
+    )
     parser.flag(
         "--shutdown-timeout-s",
         default=30.0,
@@ -316,6 +357,12 @@ def parse_settings(
         asked = environment["OMP_NUM_THREADS"]  # the operator already chose
     try:
         threads = torch_threads_for(models, budget.cores, asked)
+        connections = ConnectionLimits(
+            header_timeout=float(args.header_timeout_s),
+            body_timeout=float(args.body_timeout_s),
+            keep_alive_timeout=float(args.keep_alive_timeout_s),
+            max_connections=int(args.max_connections),
+        )
     except ValueError as exc:
         parser.error(str(exc))
     return ServerSettings(
@@ -330,4 +377,6 @@ def parse_settings(
         log_format=str(args.log_format),
         torch_threads=threads,
         cpu_budget=budget,
+        connections=connections,
+        malloc=str(args.malloc),
     )

@@ -1,0 +1,22 @@
+# The server on the CPU build of torch, as the README installs it, as a non-root user.
+#   docker build -t batching . && docker run -p 8000:8000 -p 8001:8001 batching
+# The server reads its CPU budget from the container (docker run --cpus, a pod's CPU limit).
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1
+
+RUN useradd --create-home --uid 10001 --user-group app
+WORKDIR /app
+COPY . /app
+
+# The README's CPU install: the pinned torch from the CPU index (no multi-GB CUDA build),
+# then the README's own command, which finds that torch already there.
+RUN pip install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu \
+    && pip install "torch==2.13.0" -e .
+
+USER 10001
+EXPOSE 8000 8001
+ENTRYPOINT ["python", "server.py"]
+CMD ["--host", "0.0.0.0", "--port", "8000", "--grpc-port", "8001"]

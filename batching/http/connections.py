@@ -1,0 +1,242 @@
+"""Bounded HTTP/1.1 connections: the timeouts and the cap uvicorn lacks, in its own protocol.
+
+uvicorn (0.54) closes an idle keep-alive connection (``timeout_keep_alive``) but has no
+timeout for a request whose headers or body never finish arriving, and its only cap
+(``limit_concurrency``) answers 503 to *every request* once that many connections are open,
+so 2,000 idle sockets would turn every normal client away. :func:`protocol_class` builds a
+subclass of uvicorn's httptools protocol that adds, per connection:
+
+- a **header timeout**: from the connection's first moment (or, on a kept-alive connection,
+  from the next request's first byte) until its headers are complete; past it, 408 and close;
+- a **body timeout**: the longest wait for the next piece of a body that is still arriving;
+  past it the handler hears a disconnect, and the client gets 408 if nothing was answered;
+- the **keep-alive timeout** (uvicorn's own timer, given a float);
+- a **connection cap**: a connection beyond it is answered at once with a canned 503 and
+  closed, without ever reaching the app, so the open connections (and file descriptors)
+  stay bounded while the connections already open are served as usual;
+- a **lingering close**: when the answer is sent before the request's body has all arrived
+  (a 413 for a 32 MiB body, or any early error), the server half-closes its side, discards
+  what still arrives for up to :attr:`ConnectionLimits.linger` seconds and only then closes,
+  as nginx does. Closing at once would make the kernel answer the unread bytes with a reset,
+  and the client would lose the answer it had not read yet.
+
+Timers are armed only while a request is incomplete: a request that arrives in one read pays
+one timer (the header timer, cancelled by its own headers), a multi-read body one per read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any, cast
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+__all__ = ["ConnectionLimits", "protocol_class"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """How long a connection may take, and how many there may be. Seconds; 0 turns one off."""
+
+    #: From a request's first byte (or the connection's start) until its headers are in.
+    header_timeout: float = 10.0
+    #: Longest gap between two reads of a body that is still arriving.
+    body_timeout: float = 10.0
+    #: An idle kept-alive connection is closed after this long.
+    keep_alive_timeout: float = 5.0
+    #: Most open connections; beyond it a new one gets 503 and is closed. 0: no cap.
+    max_connections: int = 4096
+    #: After answering before the body was read, how long to drain it before closing.
+    linger: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in ("header_timeout", "body_timeout", "keep_alive_timeout", "linger"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.max_connections < 0:
+            raise ValueError("max_connections must be >= 0")
+
+
+def _canned(status: bytes, reason: bytes, extra: bytes = b"") -> bytes:
+    body = b'{"error":"' + reason + b'"}'
+    return (
+        b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
+        b"content-length: "
+        + str(len(body)).encode()
+        + b"\r\n"
+        + extra
+        + b"connection: close\r\n\r\n"
+    ) + body
+
+
+TOO_MANY_CONNECTIONS = _canned(
+    b"503 Service Unavailable", b"too many connections; retry", b"retry-after: 1\r\n"
+)
+HEADER_TIMEOUT = _canned(b"408 Request Timeout", b"the request headers took too long")
+BODY_TIMEOUT = _canned(b"408 Request Timeout", b"the request body took too long")
+
+
+class _LingeringTransport:
+    """What a request cycle writes its answer to: the connection's transport, except that
+    ``close()`` asks the protocol, which lingers when the request's body is still arriving."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: BoundedHttpProtocol) -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    def close(self) -> None:
+        self._protocol.close_after_answer()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class BoundedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with :class:`ConnectionLimits`; see the module's text."""
+
+    limits = ConnectionLimits()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # uvicorn types it as int; call_later takes any number of seconds.
+        self.timeout_keep_alive = self.limits.keep_alive_timeout  # type: ignore[assignment]
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._linger_timer: asyncio.TimerHandle | None = None
+        #: Refused (over the cap) or answered early: what arrives now is discarded.
+        self._discarding = False
+
+    # ------------------------------------------------------------------ connection life
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        cap = self.limits.max_connections
+        if cap and len(self.connections) >= cap:
+            self.transport = cast(asyncio.Transport, transport)
+            transport = cast(asyncio.Transport, transport)
+            transport.write(TOO_MANY_CONNECTIONS)
+            self._linger(min(1.0, self.limits.linger))
+            return
+        super().connection_made(transport)  # type: ignore[arg-type]
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for timer in (self._header_timer, self._body_timer, self._linger_timer):
+            if timer is not None:
+                timer.cancel()
+        self._header_timer = self._body_timer = self._linger_timer = None
+        super().connection_lost(exc)
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]
+        if self._discarding:
+            self.transport.close()
+        return None
+
+    def data_received(self, data: bytes) -> None:
+        if self._discarding:
+            return
+        if self._header_timer is None and (self.cycle is None or self.cycle.response_complete):
+            self._arm_header_timer()
+        super().data_received(data)
+        cycle = self.cycle
+        if (
+            cycle is not None
+            and cycle.more_body
+            and not cycle.response_complete
+            and not self._discarding
+            and self.limits.body_timeout
+            and self._header_timer is None
+        ):
+            if self._body_timer is not None:
+                self._body_timer.cancel()
+            self._body_timer = self.loop.call_later(self.limits.body_timeout, self._body_expired)
+
+    # --------------------------------------------------------------- parser callbacks
+
+    def on_headers_complete(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        super().on_headers_complete()
+        if self.cycle is not None and not isinstance(self.cycle.transport, _LingeringTransport):
+            self.cycle.transport = cast(
+                asyncio.Transport, _LingeringTransport(self.transport, self)
+            )
+
+    def on_message_complete(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        cycle = self.cycle
+        if cycle is not None and cycle.more_body and not self.transport.is_closing():
+            # Answered before the body was all in (413, or any early error): the rest of the
+            # body is not worth parsing, and the connection is not worth keeping.
+            self.server_state.total_requests += 1
+            self._linger(self.limits.linger)
+            return
+        super().on_response_complete()
+
+    # ------------------------------------------------------------------------ closing
+
+    def close_after_answer(self) -> None:
+        """The answer was sent on a connection that must close (the client asked, or
+        HTTP/1.0): linger if the request's body is still arriving, else close now."""
+        cycle = self.cycle
+        if cycle is not None and cycle.more_body and not self.transport.is_closing():
+            self._linger(self.limits.linger)
+        else:
+            self.transport.close()
+
+    def _linger(self, seconds: float) -> None:
+        if self._discarding:
+            return
+        self._discarding = True
+        for timer in (self._header_timer, self._body_timer):
+            if timer is not None:
+                timer.cancel()
+        self._header_timer = self._body_timer = None
+        self._unset_keepalive_if_required()
+        # A refused connection has no flow control yet (uvicorn types it as always there).
+        flow: Any = self.flow
+        if flow is not None:
+            flow.resume_reading()
+        if self.transport.can_write_eof():
+            # The answer, then FIN: the client reads it all, then sees the end.
+            self.transport.write_eof()
+        self._linger_timer = self.loop.call_later(seconds, self.transport.close)
+
+    def _arm_header_timer(self) -> None:
+        if self.limits.header_timeout:
+            self._header_timer = self.loop.call_later(
+                self.limits.header_timeout, self._headers_expired
+            )
+
+    def _headers_expired(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            return  # a request is in progress; its headers are complete
+        self.transport.write(HEADER_TIMEOUT)
+        self.transport.close()
+
+    def _body_expired(self) -> None:
+        self._body_timer = None
+        cycle = self.cycle
+        if cycle is None or not cycle.more_body or self.transport.is_closing():
+            return
+        answered = cycle.response_started
+        # The handler waiting for the body hears a disconnect; anything it sends is dropped.
+        cycle.disconnected = True
+        cycle.message_event.set()
+        if not answered:
+            self.transport.write(BODY_TIMEOUT)
+        self.transport.close()
+
+
+def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
+    """A protocol class for ``uvicorn.Config(http=...)`` that enforces ``limits``."""
+    return type("BoundedHttpProtocol", (BoundedHttpProtocol,), {"limits": limits})
