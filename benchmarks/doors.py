@@ -43,11 +43,17 @@ DOORS = (
 
 
 def measure(
-    target: Target, grpc: str, api: str, concurrency: int, seconds: float, model: str
+    target: Target,
+    grpc: str,
+    api: str,
+    concurrency: int,
+    seconds: float,
+    model: str,
+    server_pid: int | None = None,
 ) -> dict[str, float]:
     payloads = build_payloads(api=api, items=(1, 1), count=1024, seed=7, model_name=model)
     spec = LoadSpec(payloads=payloads, concurrency=concurrency, duration=seconds, grpc_target=grpc)
-    result = asyncio.run(run_load(target, spec))
+    result = asyncio.run(run_load(target, spec, server_pid=server_pid))
     records = result.records
     latencies = sorted(
         1000 * (done - sent)
@@ -61,6 +67,12 @@ def measure(
         "p99_ms": percentile(latencies, 99) if latencies else float("nan"),
         "errors": float(failed),
         "client_cpu_s": result.cpu_s,
+        # The server's CPU per item served: the door's own cost, whatever the client spends.
+        "server_cpu_ms_per_item": (
+            1000 * result.server_cpu_s / max(1, sum(records.items))
+            if result.server_cpu_s is not None
+            else float("nan")
+        ),
     }
 
 
@@ -89,36 +101,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         for round_ in range(args.rounds):
             for level in levels:
                 for label, api in DOORS:
-                    figures = measure(target, grpc, api, level, args.seconds, args.model_name)
+                    figures = measure(
+                        target, grpc, api, level, args.seconds, args.model_name, server.pid
+                    )
                     results[label][level].append(figures)
                     print(
                         f"round {round_ + 1} c={level} {label}: "
                         f"{figures['items_per_s']:.0f} items/s, p50 {figures['p50_ms']:.1f} ms, "
-                        f"p99 {figures['p99_ms']:.1f} ms, errors {figures['errors']:.0f}",
+                        f"p99 {figures['p99_ms']:.1f} ms, errors {figures['errors']:.0f}, "
+                        f"server CPU {figures['server_cpu_ms_per_item']:.2f} ms/item",
                         flush=True,
                     )
     print()
-    print("| door | clients | items/s | p50 ms | p99 ms | ÷ plain JSON | errors |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| door | clients | items/s | p50 ms | p99 ms | ÷ plain JSON "
+        "| server CPU ms/item | ÷ plain JSON | errors |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     summary: dict[str, Any] = {}
     for level in levels:
         base = statistics.median(r["items_per_s"] for r in results["plain JSON"][level])
+        base_cpu = statistics.median(
+            r["server_cpu_ms_per_item"] for r in results["plain JSON"][level]
+        )
         for label, _ in DOORS:
             rounds = results[label][level]
             rate = statistics.median(r["items_per_s"] for r in rounds)
             p50 = statistics.median(r["p50_ms"] for r in rounds)
             p99 = statistics.median(r["p99_ms"] for r in rounds)
             errors = sum(r["errors"] for r in rounds)
+            cpu = statistics.median(r["server_cpu_ms_per_item"] for r in rounds)
             summary.setdefault(label, {})[level] = {
                 "items_per_s": rate,
                 "p50_ms": p50,
                 "p99_ms": p99,
                 "ratio": rate / base,
+                "server_cpu_ms_per_item": cpu,
+                "cpu_ratio": cpu / base_cpu,
                 "errors": errors,
             }
             print(
                 f"| {label} | {level} | {rate:.0f} | {p50:.1f} | {p99:.1f} | "
-                f"{rate / base:.3f} | {errors:.0f} |"
+                f"{rate / base:.3f} | {cpu:.2f} | {cpu / base_cpu:.3f} | {errors:.0f} |"
             )
     if args.json:
         args.json.write_text(json.dumps({"summary": summary, "rounds": results}, indent=2))

@@ -5,7 +5,8 @@ Client kinds, each a closed loop (one request at a time) on its own keep-alive c
 
 - ``small``: one text per request;
 - ``big``: 1,024 texts per request (``--big-items``);
-- ``mixed``: 1 to 1,024 texts of 2 to 256 words, drawn per request (the memory soak's mix);
+- ``mixed``: 1 to 1,024 texts of 2 to 256 words, drawn per request (the memory soak's mix),
+  honouring Retry-After as ``polite`` clients do;
 - ``retry``: one text, and on a 503 the same request again *at once* (a retry storm);
 - ``polite``: one text, and on a 503 it waits what Retry-After says;
 - ``slow``: opens a connection, sends half a request line, then one more byte every
@@ -209,7 +210,7 @@ class _Soak:
                 if status == 503 and kind == "retry" and now < self.stop_at:
                     started = now
                     continue  # at once: the storm
-                if status == 503 and kind == "polite":
+                if status == 503 and kind in ("polite", "mixed"):
                     wait = float(headers.get("retry-after", "1") or 1)
                     await asyncio.sleep(min(wait, max(0.0, self.stop_at - now)))
                 elif status == 0:
