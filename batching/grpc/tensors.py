@@ -35,6 +35,7 @@ from batching.kserve.tensors import (
     InferRequest,
     InferTensor,
     RequestedOutput,
+    array_from_buffer,
 )
 
 __all__ = ["encode_infer_response", "parameters_of", "parse_infer_request"]
@@ -119,7 +120,7 @@ def _parse_input(index: int, tensor: Any, raw: bytes | None) -> InferTensor:
     if raw is not None:
         if typed:
             raise InvalidRequest(f"{where} has both contents and raw_input_contents")
-        data = _array_from_raw(where, datatype, raw, count)
+        data = _from_raw(where, datatype, raw, count)
     else:
         data = _array_from_contents(where, datatype, typed, count)
     return InferTensor(name, datatype, shape, data.reshape(shape), parameters)
@@ -193,54 +194,11 @@ def _array_from_contents(
     return np.array(values, dtype=dtype)
 
 
-def _array_from_raw(where: str, datatype: str, raw: bytes, count: int) -> np.ndarray:
+def _from_raw(where: str, datatype: str, raw: bytes, count: int) -> np.ndarray:
     """A flat array of ``count`` elements from one ``raw_input_contents`` entry."""
-    if datatype == "BYTES":
-        return _bytes_from_raw(where, memoryview(raw), count)
-    dtype = DATATYPES[datatype]
-    expected = count * dtype.itemsize
-    if len(raw) != expected:
-        raise InvalidRequest(
-            f"{where}: raw_input_contents holds {len(raw)} bytes but {count} {datatype} "
-            f"elements take {expected}"
-        )
-    if datatype == "BOOL":
-        flags = np.frombuffer(raw, dtype=np.uint8)
-        if flags.size and flags.max() > 1:
-            raise InvalidRequest(f"{where}: BOOL elements must be bytes 0 or 1")
-        return flags.astype(np.bool_)
-    # astype copies into a writable native-endian array that no longer pins the message.
-    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype)
-
-
-def _bytes_from_raw(where: str, buffer: memoryview, count: int) -> np.ndarray:
-    items: list[bytes] = []
-    position, end = 0, len(buffer)
-    while position < end:
-        if len(items) == count:
-            raise InvalidRequest(
-                f"{where}: raw BYTES data holds more than the {count} elements of its shape"
-            )
-        if position + LENGTH_PREFIX > end:
-            raise InvalidRequest(
-                f"{where}: raw BYTES element {len(items)} has a truncated length prefix"
-            )
-        length = int.from_bytes(buffer[position : position + LENGTH_PREFIX], "little")
-        position += LENGTH_PREFIX
-        if position + length > end:
-            raise InvalidRequest(
-                f"{where}: raw BYTES element {len(items)} claims {length} bytes but only "
-                f"{end - position} remain"
-            )
-        items.append(bytes(buffer[position : position + length]))
-        position += length
-    if len(items) != count:
-        raise InvalidRequest(
-            f"{where}: raw BYTES data holds {len(items)} elements but the shape needs {count}"
-        )
-    array = np.empty(count, dtype=object)
-    array[:] = items
-    return array
+    return array_from_buffer(
+        where, datatype, memoryview(raw), count, kind="raw", size_field="raw_input_contents holds"
+    )
 
 
 def encode_infer_response(

@@ -12,10 +12,10 @@ from batching.errors import InvalidRequest
 from batching.kserve.tensors import (
     DATATYPES,
     INT64_MAX,
-    LENGTH_PREFIX,
     InferRequest,
     InferTensor,
     RequestedOutput,
+    array_from_buffer,
 )
 
 __all__ = ["parse_infer_request"]
@@ -153,7 +153,9 @@ def _parse_input(
             f"({len(binary) - offset} bytes left)"
         )
     buffer = binary[offset : offset + size]
-    data = _array_from_binary(where, datatype, buffer, count)
+    data = array_from_buffer(
+        where, datatype, buffer, count, kind="binary", size_field="'binary_data_size' is"
+    )
     return InferTensor(name, datatype, shape, data.reshape(shape), parameters), size
 
 
@@ -283,56 +285,6 @@ def _flatten(data: list[Any]) -> list[Any]:
         else:
             stack.pop()
     return flat
-
-
-def _array_from_binary(where: str, datatype: str, buffer: memoryview, count: int) -> np.ndarray:
-    """A flat array of ``count`` elements from one binary tensor buffer."""
-    if datatype == "BYTES":
-        return _bytes_from_binary(where, buffer, count)
-    dtype = DATATYPES[datatype]
-    expected = count * dtype.itemsize
-    if len(buffer) != expected:
-        raise InvalidRequest(
-            f"{where}: 'binary_data_size' is {len(buffer)} bytes but {count} {datatype} "
-            f"elements take {expected}"
-        )
-    if datatype == "BOOL":
-        raw = np.frombuffer(buffer, dtype=np.uint8)
-        if raw.size and raw.max() > 1:
-            raise InvalidRequest(f"{where}: BOOL elements must be bytes 0 or 1")
-        return raw.astype(np.bool_)
-    # astype copies into a writable native-endian array that no longer pins the body.
-    return np.frombuffer(buffer, dtype=dtype.newbyteorder("<")).astype(dtype)
-
-
-def _bytes_from_binary(where: str, buffer: memoryview, count: int) -> np.ndarray:
-    items: list[bytes] = []
-    position, end = 0, len(buffer)
-    while position < end:
-        if len(items) == count:
-            raise InvalidRequest(
-                f"{where}: binary BYTES data holds more than the {count} elements of its shape"
-            )
-        if position + LENGTH_PREFIX > end:
-            raise InvalidRequest(
-                f"{where}: binary BYTES element {len(items)} has a truncated length prefix"
-            )
-        length = int.from_bytes(buffer[position : position + LENGTH_PREFIX], "little")
-        position += LENGTH_PREFIX
-        if position + length > end:
-            raise InvalidRequest(
-                f"{where}: binary BYTES element {len(items)} claims {length} bytes but only "
-                f"{end - position} remain"
-            )
-        items.append(bytes(buffer[position : position + length]))
-        position += length
-    if len(items) != count:
-        raise InvalidRequest(
-            f"{where}: binary BYTES data holds {len(items)} elements but the shape needs {count}"
-        )
-    array = np.empty(count, dtype=object)
-    array[:] = items
-    return array
 
 
 def _json_type(value: Any) -> str:

@@ -28,12 +28,13 @@ from typing import Any
 import numpy as np
 import orjson
 
-from batching.errors import UnprocessableInput
+from batching.errors import InvalidRequest, UnprocessableInput
 
 __all__ = [
     "DATATYPES",
     "INT64_MAX",
     "LENGTH_PREFIX",
+    "array_from_buffer",
     "InferRequest",
     "InferTensor",
     "RequestedOutput",
@@ -228,3 +229,61 @@ def rows_from_tensor(tensor: InferTensor) -> list[Any]:
     if texts.ndim == 1 or texts.shape[1:] == (1,):
         return texts.reshape(-1).tolist()
     return [row.tolist() for row in texts]
+
+
+def array_from_buffer(
+    where: str, datatype: str, buffer: memoryview, count: int, *, kind: str, size_field: str
+) -> np.ndarray:
+    """A flat array of ``count`` elements from one tensor's bytes: little-endian elements, or
+    for BYTES a 4-byte little-endian length before each element. HTTP's binary extension and
+    gRPC's ``raw_input_contents`` share the layout; ``kind`` ("binary", "raw") and
+    ``size_field`` (what told the size) name the source in messages.
+
+    :raises InvalidRequest: when the bytes do not hold ``count`` elements of ``datatype``.
+    """
+    if datatype == "BYTES":
+        return _bytes_from_buffer(where, buffer, count, kind)
+    dtype = DATATYPES[datatype]
+    expected = count * dtype.itemsize
+    if len(buffer) != expected:
+        raise InvalidRequest(
+            f"{where}: {size_field} {len(buffer)} bytes but {count} {datatype} "
+            f"elements take {expected}"
+        )
+    if datatype == "BOOL":
+        raw = np.frombuffer(buffer, dtype=np.uint8)
+        if raw.size and raw.max() > 1:
+            raise InvalidRequest(f"{where}: BOOL elements must be bytes 0 or 1")
+        return raw.astype(np.bool_)
+    # astype copies into a writable native-endian array that no longer pins the body.
+    return np.frombuffer(buffer, dtype=dtype.newbyteorder("<")).astype(dtype)
+
+
+def _bytes_from_buffer(where: str, buffer: memoryview, count: int, kind: str) -> np.ndarray:
+    items: list[bytes] = []
+    position, end = 0, len(buffer)
+    while position < end:
+        if len(items) == count:
+            raise InvalidRequest(
+                f"{where}: {kind} BYTES data holds more than the {count} elements of its shape"
+            )
+        if position + LENGTH_PREFIX > end:
+            raise InvalidRequest(
+                f"{where}: {kind} BYTES element {len(items)} has a truncated length prefix"
+            )
+        length = int.from_bytes(buffer[position : position + LENGTH_PREFIX], "little")
+        position += LENGTH_PREFIX
+        if position + length > end:
+            raise InvalidRequest(
+                f"{where}: {kind} BYTES element {len(items)} claims {length} bytes but only "
+                f"{end - position} remain"
+            )
+        items.append(bytes(buffer[position : position + length]))
+        position += length
+    if len(items) != count:
+        raise InvalidRequest(
+            f"{where}: {kind} BYTES data holds {len(items)} elements but the shape needs {count}"
+        )
+    array = np.empty(count, dtype=object)
+    array[:] = items
+    return array
