@@ -48,3 +48,11 @@ def load(url: str, concurrency: int, seconds: float, out_dir: Path, label: str) 
         "ok_requests": summary["ok_requests"],
         "error_rate": summary["error_rate"],
     }
+
+
+def report(doc: dict[str, Any], json_path: Path | None) -> None:
+    """Print ``doc`` as JSON, and also write it to ``json_path`` when given."""
+    text = json.dumps(doc, indent=2)
+    print(text)
+    if json_path:
+        json_path.write_text(text + "\n")

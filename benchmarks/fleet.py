@@ -14,7 +14,6 @@ and N processes cost or gain here, not what N machines would give.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -23,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._load import load  # noqa: E402
+from benchmarks._load import load, report  # noqa: E402
 from tests.support.fleet import Fleet  # noqa: E402
 
 
@@ -69,10 +68,7 @@ def main() -> None:
         "results": results,
         "fleet_over_one_replica": round(results[2]["items_per_s"] / results[1]["items_per_s"], 3),
     }
-    text = json.dumps(doc, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    report(doc, args.json)
 
 
 if __name__ == "__main__":

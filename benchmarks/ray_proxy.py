@@ -13,7 +13,6 @@ server's); Ray's proxy takes CPU beside it, which is the cost this measures.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -23,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._load import load  # noqa: E402
+from benchmarks._load import load, report  # noqa: E402
 from load_test.serverproc import ServerProcess, free_port  # noqa: E402
 
 
@@ -89,10 +88,7 @@ def main() -> None:
         "results": results,
         "ray_over_direct": round(results[1]["items_per_s"] / results[0]["items_per_s"], 3),
     }
-    text = json.dumps(doc, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    report(doc, args.json)
 
 
 if __name__ == "__main__":
