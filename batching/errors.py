@@ -57,11 +57,17 @@ class UnprocessableInput(ClientError):
 
 
 class Unavailable(BatchingError):
-    """Raised when the server cannot take the request now; ``retry_after`` is a hint in seconds."""
+    """Raised when the server cannot take the request now; ``retry_after`` is a hint in seconds.
 
-    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+    ``hold`` (seconds, or None) is how long the same request, sent again on the same
+    connection before ``retry_after``, is held before it is looked at: about when the queue
+    could take it. It keeps clients that resend at once from spending the server's CPU on
+    refusals (see ``batching.http.connections``)."""
+
+    def __init__(self, message: str, retry_after: float = 1.0, hold: float | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+        self.hold = hold
 
 
 class Overloaded(Unavailable):

@@ -14,7 +14,10 @@ No rule can spiral under a retry storm: the throughput estimate learns only from
 batches that show a busy instance (never from refusals, nor from the few-item batches that
 form while most requests are refused), so refusals cannot lower it and make more refusals.
 Retry-After hints are spread between the queue's drain time and twice it, so clients that
-honour them come back spread out rather than all at once.
+honour them come back spread out rather than all at once. Every refusal also says how long
+the queue needs before it could take the request (:func:`hold_for`): the HTTP edge holds an
+identical request sent again on the same connection before then, so clients that resend at
+once wait without costing the server a refusal each.
 """
 
 from __future__ import annotations
@@ -27,10 +30,22 @@ from batching.errors import Overloaded
 from .config import BatchingConfig
 from .events import BatchEvents
 
-__all__ = ["ADMISSION_MARGIN", "Admission", "Throughput", "retry_after", "spread"]
+__all__ = [
+    "ADMISSION_MARGIN",
+    "MIN_HOLD",
+    "Admission",
+    "Throughput",
+    "hold_for",
+    "retry_after",
+    "spread",
+]
 
 #: Admit a request only if its predicted wait, times this, fits before its deadline.
 ADMISSION_MARGIN = 2.0
+
+
+#: The shortest hold of an early resend, seconds: about one small batch.
+MIN_HOLD = 0.01
 
 
 #: Weight of one batch in the smoothed throughput: about the last ten batches count.
@@ -95,9 +110,13 @@ class Admission:
             self.breaker_open = True
         if self.breaker_open:
             self.events.rejected("overloaded")
-            raise Overloaded(
+            # It could join once the queue has fallen to where the breaker closes.
+            excess = queued - config.max_queue_size * config.queue_close_ratio
+            raise self._refusal(
                 f"model {self.name!r} is overloaded: {queued} items queued",
-                retry_after=spread(retry_after(queued, capacity), self.rng),
+                queued,
+                capacity,
+                excess / capacity,
             )
         # The work ahead of this request (queued and running), at the measured rate, must
         # fit in its deadline with room to spare: the rate is an estimate, and a request let
@@ -108,17 +127,31 @@ class Admission:
         next_batch = queued + count <= config.max_batch_size * max(1, instances)
         margin = 1.0 if next_batch else ADMISSION_MARGIN
         if ahead > 0 and expected * margin > time_left:
-            self.events.rejected("deadline")
-            raise Overloaded(
+            self.events.rejected("would_miss_deadline")
+            raise self._refusal(
                 f"model {self.name!r} cannot serve this request before its deadline: "
                 f"{queued} items are queued ahead of it",
-                retry_after=spread(retry_after(queued, capacity), self.rng),
+                queued,
+                capacity,
+                # It would fit once this much of the work ahead has drained.
+                expected - time_left / margin,
             )
+
+    def _refusal(self, message: str, queued: int, capacity: float, drain_s: float) -> Overloaded:
+        hint = spread(retry_after(queued, capacity), self.rng)
+        return Overloaded(message, retry_after=hint, hold=hold_for(drain_s, hint, self.rng))
 
 
 def retry_after(depth: int, capacity: float) -> float:
     """Seconds a refused client should wait: the queue's drain time, at least one."""
     return max(1.0, math.ceil(depth / capacity))
+
+
+def hold_for(drain_s: float, retry_after_s: float, rng: random.Random) -> float:
+    """How long to hold an early resend of a refused request: the time until the queue could
+    take it (``drain_s``, at least :data:`MIN_HOLD`), spread like Retry-After so that the held
+    requests do not all come back in the same instant, and never past ``retry_after_s``."""
+    return min(retry_after_s, spread(max(MIN_HOLD, drain_s), rng))
 
 
 def spread(seconds: float, rng: random.Random) -> float:

@@ -20,6 +20,14 @@ subclass of uvicorn's httptools protocol that adds, per connection:
   as nginx does. Closing at once would make the kernel answer the unread bytes with a reset,
   and the client would lose the answer it had not read yet.
 
+It also holds **early resends**. A refusal (503) leaves in the request's scope how long the
+queue needs before it could take that request (:func:`hold_resends`). When the same request
+(method, path, query and body alike) comes back on the same connection before then, it is read
+but not started until then: a client that resends at once, ignoring Retry-After, waits as if
+it had honoured a short one, instead of costing the server a refusal every millisecond. A
+first request, another request, or one on another connection is never held, so a refusal
+itself stays immediate.
+
 Timers are armed only while a request is incomplete: a request that arrives in one read pays
 one timer (the header timer, cancelled by its own headers), a multi-read body one per read.
 """
@@ -28,11 +36,33 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import zlib
+from collections.abc import MutableMapping
 from typing import Any, cast
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn._types import ASGI3Application
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-__all__ = ["ConnectionLimits", "protocol_class"]
+from batching.errors import Unavailable
+
+__all__ = ["HOLD_KEY", "ConnectionLimits", "hold_resends", "protocol_class"]
+
+#: Where a door leaves, in a refused request's scope, how long an early resend of it is held.
+HOLD_KEY = "batching.hold"
+
+#: The largest body a held resend may have: uvicorn stops reading past 64 KiB of unread body,
+#: and a held request must be read whole before it can be compared.
+HOLDABLE_BODY = 65536
+
+#: What makes two requests the same: method, path, query, body length and body CRC-32.
+_RequestKey = tuple[str, bytes, bytes, int, int]
+
+
+def hold_resends(scope: MutableMapping[str, Any], exc: Unavailable) -> None:
+    """Ask the connection that carried ``scope`` to hold the same request, sent again before
+    ``exc.hold`` seconds have passed, until then."""
+    if exc.hold is not None and exc.hold > 0:
+        scope[HOLD_KEY] = exc.hold
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -106,6 +136,15 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._linger_timer: asyncio.TimerHandle | None = None
         #: Refused (over the cap) or answered early: what arrives now is discarded.
         self._discarding = False
+        # Early resends: the body's CRC so far, the last complete request's key (with its
+        # cycle), the refused request's key and until when a resend of it is held, and the
+        # request waiting to be compared or released.
+        self._body_crc = 0
+        self._body_length = 0
+        self._last_request: tuple[RequestResponseCycle, _RequestKey] | None = None
+        self._refused: tuple[_RequestKey, float] | None = None
+        self._deferred: tuple[RequestResponseCycle, ASGI3Application] | None = None
+        self._hold_timer: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ connection life
 
@@ -121,10 +160,12 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._arm_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        for timer in (self._header_timer, self._body_timer, self._linger_timer):
+        timers = (self._header_timer, self._body_timer, self._linger_timer, self._hold_timer)
+        for timer in timers:
             if timer is not None:
                 timer.cancel()
-        self._header_timer = self._body_timer = self._linger_timer = None
+        self._header_timer = self._body_timer = self._linger_timer = self._hold_timer = None
+        self._deferred = None
         super().connection_lost(exc)
 
     def eof_received(self) -> bool | None:  # type: ignore[override]
@@ -163,14 +204,66 @@ class BoundedHttpProtocol(HttpToolsProtocol):
                 asyncio.Transport, _LingeringTransport(self.transport, self)
             )
 
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._body_crc = self._body_length = 0
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        self._body_crc = zlib.crc32(body, self._body_crc)
+        self._body_length += len(body)
+
     def on_message_complete(self) -> None:
         if self._body_timer is not None:
             self._body_timer.cancel()
             self._body_timer = None
         super().on_message_complete()
+        cycle = self.cycle
+        scope = cycle.scope
+        key: _RequestKey = (
+            scope["method"],
+            scope["raw_path"],
+            scope["query_string"],
+            self._body_length,
+            self._body_crc,
+        )
+        self._last_request = (cycle, key)
+        deferred, self._deferred = self._deferred, None
+        if deferred is None:
+            return
+        refused, self._refused = self._refused, None
+        if refused is not None and refused[0] == key and deferred[0] is cycle:
+            self._hold_timer = self.loop.call_at(refused[1], self._release, *deferred)
+        else:
+            super()._start_asgi_task(*deferred)
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        refused = self._refused
+        if (
+            refused is not None
+            and cycle is self.cycle
+            and cycle.more_body
+            and self.loop.time() < refused[1]
+            and _holdable(cycle.scope)
+        ):
+            # Possibly the refused request again, too early: compare once it is all in.
+            self._deferred = (cycle, app)
+            return
+        self._refused = None
+        super()._start_asgi_task(cycle, app)
+
+    def _release(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        self._hold_timer = None
+        if not self.transport.is_closing():
+            super()._start_asgi_task(cycle, app)
 
     def on_response_complete(self) -> None:
         cycle = self.cycle
+        last = self._last_request
+        if cycle is not None and last is not None and last[0] is cycle:
+            hold = cycle.scope.get(HOLD_KEY)
+            if isinstance(hold, float | int) and hold > 0:
+                self._refused = (last[1], self.loop.time() + hold)
         if cycle is not None and cycle.more_body and not self.transport.is_closing():
             # Answered before the body was all in (413, or any early error): the rest of the
             # body is not worth parsing, and the connection is not worth keeping.
@@ -235,6 +328,17 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         if not answered:
             self.transport.write(BODY_TIMEOUT)
         self.transport.close()
+
+
+def _holdable(scope: Any) -> bool:
+    """Whether a request's body is announced and small enough to be read whole while held."""
+    for name, value in scope["headers"]:
+        if name.lower() == b"content-length":
+            try:
+                return int(value) <= HOLDABLE_BODY
+            except ValueError:
+                return False
+    return False
 
 
 def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:

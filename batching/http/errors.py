@@ -26,7 +26,9 @@ from batching.errors import (
 from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
 
+from .connections import hold_resends
 from .middleware import request_id_of
+from .requests import BodyTooLarge
 
 __all__ = [
     "CLIENT_CLOSED",
@@ -89,6 +91,9 @@ def recorded(plane: DataPlane, deployment: Deployment) -> Iterator[Outcome]:
         yield outcome
     except BatchingError as exc:
         outcome.status = status_of(exc)
+        if isinstance(exc, BodyTooLarge):
+            # Refused at the edge: the batcher, which counts the other refusals, never saw it.
+            plane.refused(deployment.name, "too_large")
         raise
     finally:
         plane.record(deployment, outcome.status, started)
@@ -100,6 +105,7 @@ async def _batching_error(request: Request, exc: Exception) -> Response:
     headers = None
     if isinstance(exc, Unavailable):
         headers = {"Retry-After": str(max(1, round(exc.retry_after)))}
+        hold_resends(request.scope, exc)
     # Client mistakes are the client's to read in the body; at DEBUG an operator can still
     # follow one by its request id. Server-side failures always reach the log.
     level = logging.WARNING if status >= 500 else logging.DEBUG

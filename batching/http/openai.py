@@ -53,9 +53,10 @@ from batching.errors import (
 from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
 
+from .connections import hold_resends
 from .errors import CLIENT_CLOSED, recorded, status_of
 from .middleware import request_id_of
-from .requests import disconnect_of, read_body, timeout_of
+from .requests import disconnect_of, read_unattributed_body, timeout_of
 
 __all__ = ["ANY_METHOD", "openai_endpoint", "openai_error", "openai_routes", "served_model"]
 
@@ -111,6 +112,7 @@ def openai_error(exc: BatchingError, request: Request) -> Response:
         headers["retry-after"] = str(max(1, math.ceil(exc.retry_after)))
         headers["retry-after-ms"] = str(max(1, round(exc.retry_after * 1000)))
         headers["x-should-retry"] = "true"
+        hold_resends(request.scope, exc)
     elif isinstance(exc, DeadlineExceeded | InferenceFailed):
         headers["x-should-retry"] = "false"
     level = logging.WARNING if status >= 500 else logging.DEBUG
@@ -189,7 +191,7 @@ def openai_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
     created = int(time.time())
 
     async def embeddings(request: Request) -> Response:
-        body = await read_body(request, max_body_bytes)
+        body = await read_unattributed_body(plane, request, max_body_bytes)
         parsed = parse_embeddings_request(body)
         deployment = served_model(plane, parsed.model, is_embedding_model, "an embedding")
         with recorded(plane, deployment) as outcome:
