@@ -11,10 +11,9 @@ RUN useradd --create-home --uid 10001 --user-group app
 WORKDIR /app
 COPY . /app
 
-# The README's CPU install: the pinned torch from the CPU index (no multi-GB CUDA build),
-# then the README's own command, which finds that torch already there.
-RUN pip install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu \
-    && pip install "torch==2.13.0" -e .
+# The README's install command: no GPU in the build, so scripts/install.py installs torch's CPU
+# build from PyTorch's CPU index (no multi-GB CUDA build), and says so.
+RUN python scripts/install.py
 
 USER 10001
 EXPOSE 8000 8001
