@@ -96,7 +96,8 @@ class Metrics:
         )
         self.rejected = Counter(
             "batching_rejected",
-            "Requests refused at admission, by reason.",
+            "Requests answered without a result, by reason: too_large (413), overloaded and "
+            "would_miss_deadline (503 at admission), not_ready (503), deadline (504).",
             ["model", "reason"],
             registry=r,
         )

@@ -17,11 +17,56 @@ from typing import Any
 
 from prometheus_client.metrics import Counter
 
-from batching.errors import DeadlineExceeded, ModelNotFound, UnprocessableInput
+from batching.errors import (
+    DeadlineExceeded,
+    ModelNotFound,
+    NotReady,
+    UnprocessableInput,
+)
 from batching.metrics import Metrics
 from batching.runtime.deployment import Deployment
 
-__all__ = ["DataPlane", "Deployments", "TokenCounts"]
+__all__ = ["DataPlane", "Deadline", "Deployments", "TokenCounts", "check_mask_token"]
+
+
+class Deadline(float):
+    """The loop time by which a request must be answered, and which limit set it.
+
+    A float, so that it goes wherever a deadline goes; :attr:`seconds` is the limit it was set
+    with and :attr:`asked` whether the request's own timeout set it (lower than the model's).
+    """
+
+    seconds: float
+    asked: bool
+
+    def __new__(cls, at: float, seconds: float, asked: bool) -> Deadline:
+        deadline = super().__new__(cls, at)
+        deadline.seconds = seconds
+        deadline.asked = asked
+        return deadline
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1000:g} ms" if seconds < 1 else f"{seconds:g} s"
+
+
+def check_mask_token(metadata: dict[str, Any], inputs: list[Any]) -> None:
+    """Refuse the texts a fill-mask model cannot take: its metadata names the ``mask_token``
+    each text must hold (the model predicts the word at it), and a text without one would
+    fail the model's batch. Checked before the items are queued, so one bad text never fails
+    the batch it would have joined.
+
+    :raises UnprocessableInput: naming the first text without the token.
+    """
+    token = metadata.get("mask_token")
+    if not isinstance(token, str) or not token:
+        return
+    for index, item in enumerate(inputs):
+        if isinstance(item, str) and token not in item:
+            raise UnprocessableInput(
+                f"inputs[{index}] has no {token} token: this fill-mask model predicts the word "
+                f'at {token} in each text, e.g. "Paris is the {token} of France."'
+            )
 
 
 class Deployments:
@@ -92,13 +137,20 @@ class DataPlane:
         """The event loop's clock, which deadlines are measured on."""
         return asyncio.get_running_loop().time()
 
-    def deadline(self, deployment: Deployment, timeout: float | None = None) -> float:
+    def deadline(self, deployment: Deployment, timeout: float | None = None) -> Deadline:
         """The loop time by which a request must be answered: the model's timeout, lowered
         (never raised) by the ``timeout`` seconds the client asked for."""
         limit = deployment.config.batching.timeout
+        asked = timeout is not None and timeout < limit
         if timeout is not None:
             limit = min(limit, timeout)
-        return self.now() + limit
+        return Deadline(self.now() + limit, limit, asked)
+
+    def refused(self, model: str, reason: str) -> None:
+        """Count one request answered without a result in ``batching_rejected_total``, under
+        ``reason`` (the README's table says which reason each status code is counted
+        under). ``model`` is "" when the request was refused before its model was known."""
+        self.metrics.rejected.labels(model, reason).inc()
 
     async def count_tokens(
         self, deployment: Deployment, inputs: list[Any], *, limit: int | None = None
@@ -147,10 +199,13 @@ class DataPlane:
 
         :param tokens: the inputs' ``count_tokens``, when the door has already counted them
             (:meth:`count_tokens`); counted here when the model is batched by tokens otherwise.
-        :raises UnprocessableInput: the model cannot tokenise an input.
-        :raises DeadlineExceeded: not served before ``deadline``.
+        :raises UnprocessableInput: the model cannot take an input (a fill-mask text without
+            its mask token) or cannot tokenise it.
+        :raises DeadlineExceeded: not served before ``deadline``; the message says which
+            limit set it and whether it passed while the request was queued or running.
         :raises BatchingError: refused at admission (see :meth:`Batcher.submit`).
         """
+        check_mask_token(deployment.metadata, inputs)
         if deployment.count_tokens is None:
             tokens = None
         elif tokens is None or len(tokens) != len(inputs):
@@ -167,11 +222,9 @@ class DataPlane:
             async with asyncio.timeout_at(deadline):
                 await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
         except TimeoutError:
+            running = future.running
             future.cancel()
-            raise DeadlineExceeded(
-                f"the request was not served within its deadline of "
-                f"{deployment.config.batching.timeout:g}s or the one it asked for"
-            ) from None
+            raise self._expired(deployment, deadline, running) from None
         except asyncio.CancelledError:
             # The door's own task was cancelled (its call or connection ended): the items are
             # dropped wherever they are in the queue, never computed for nobody.
@@ -183,14 +236,38 @@ class DataPlane:
         if not future.done():
             future.cancel()
             return None
-        return future.result()
+        try:
+            return future.result()
+        except DeadlineExceeded:
+            # The batcher saw the deadline pass in the queue a moment before the timer above.
+            raise self._expired(deployment, deadline, future.running) from None
+        except NotReady:
+            # Accepted, then its instance died or the server shut down before serving it.
+            self.refused(deployment.name, "not_ready")
+            raise
 
-    def record(self, deployment: Deployment, status: int, started: float) -> None:
-        """Count one answered request under ``status`` and time it from ``started``."""
-        key = (deployment.name, status)
+    def _expired(self, deployment: Deployment, deadline: float, running: bool) -> DeadlineExceeded:
+        """The 504 of a request whose ``deadline`` passed, counted, saying which deadline."""
+        self.refused(deployment.name, "deadline")
+        if isinstance(deadline, Deadline) and deadline.asked:
+            which = f"the deadline the request asked for ({_duration(deadline.seconds)})"
+        else:
+            limit = deployment.config.batching.timeout
+            which = (
+                f"the server's deadline for model {deployment.name!r} "
+                f"({_duration(limit)}, --timeout-ms)"
+            )
+        where = "while it was running" if running else "while it was queued"
+        return DeadlineExceeded(f"{which} passed {where}")
+
+    def record(self, deployment: Deployment | None, status: int, started: float) -> None:
+        """Count one answered request under ``status`` and time it from ``started``;
+        ``deployment`` None: answered before its model was known (counted under model "")."""
+        name = "" if deployment is None else deployment.name
+        key = (name, status)
         counter = self._request_counters.get(key)
         if counter is None:
-            counter = self.metrics.requests.labels(deployment.name, str(status))
+            counter = self.metrics.requests.labels(name, str(status))
             self._request_counters[key] = counter
         counter.inc()
-        self.metrics.request_latency.labels(deployment.name).observe(self.now() - started)
+        self.metrics.request_latency.labels(name).observe(self.now() - started)

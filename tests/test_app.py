@@ -70,6 +70,45 @@ async def test_malformed_input_gets_a_4xx_with_a_json_error(
     assert fragment in response.json()["error"]
 
 
+@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded"])
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (b'{"inputs": ["a", ', "starts with '{', so it was read as JSON"),
+        (b"  [MASK] is the capital of France", "starts with '[', so it was read as JSON"),
+        (b'["a", "b"]', "must be an object"),
+        (b'{"text": "a"}', 'no "inputs"'),
+    ],
+)
+async def test_a_body_that_starts_like_json_without_a_json_type_is_json(
+    content: bytes, fragment: str, content_type: str | None
+) -> None:
+    # No content type, or curl -d's: the first character decides, and JSON that does not parse
+    # (or is not {"inputs": ...}) is a 400 that says how to send such a text instead.
+    headers = {} if content_type is None else {"content-type": content_type}
+    async with serving(app_with(EchoModel())) as client:
+        response = await client.post("/", content=content, headers=headers)
+        as_text = await client.post(
+            "/", content=content, headers={"content-type": "text/plain; charset=utf-8"}
+        )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert fragment in error and "set Content-Type: text/plain" in error
+    # Said to be text, the same body is one text input.
+    assert as_text.status_code == 200
+    assert as_text.json()["outputs"] == [{"input": content.decode(), "length": len(content)}]
+
+
+async def test_a_body_that_does_not_start_like_json_is_one_text() -> None:
+    async with serving(app_with(EchoModel())) as client:
+        bare = await client.post("/", content=b'say {"inputs": 1}', headers={"content-type": ""})
+        octets = await client.post(
+            "/", content=b"{not json", headers={"content-type": "application/octet-stream"}
+        )
+    assert bare.json()["outputs"] == [{"input": 'say {"inputs": 1}', "length": 17}]
+    assert octets.json()["outputs"] == [{"input": "{not json", "length": 9}]
+
+
 async def test_unknown_routes_and_methods_answer_json() -> None:
     async with serving(app_with(EchoModel())) as client:
         missing_model = await client.post("/models/nope", json={"inputs": ["a"]})
@@ -116,7 +155,10 @@ async def test_a_request_past_its_deadline_is_504() -> None:
         await asyncio.to_thread(model.entered.wait, 10)
         late = await client.post("/", content=b"waits", headers={"x-request-timeout-ms": "50"})
         assert late.status_code == 504
-        assert "deadline" in late.json()["error"]
+        # It says which deadline passed (the one the request asked for) and where it was.
+        assert late.json()["error"] == (
+            "the deadline the request asked for (50 ms) passed while it was queued"
+        )
         model.gate.set()
         assert (await holder).status_code == 200
         # The timed-out request was dropped, never computed.

@@ -375,7 +375,7 @@ def test_a_request_that_cannot_be_served_before_its_deadline_is_refused_at_admis
         with pytest.raises(Overloaded, match="before its deadline"):
             batcher.submit(["hurry"], deadline=0.8)
         batcher.submit(["patient"], deadline=1.1)
-        assert events.rejections == ["deadline"]
+        assert events.rejections == ["would_miss_deadline"]
 
     run_virtual(main)
 

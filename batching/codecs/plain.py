@@ -4,8 +4,9 @@ An item of a model with several named inputs is a JSON object of them, e.g.
 ``{"inputs": [{"text": "a", "text_pair": "b"}]}`` for a text-pair classifier.
 
 ``curl -d "some text"`` sends ``application/x-www-form-urlencoded``; a user typing that means
-text, so only an explicit JSON content type, or a body that is a JSON object with an
-``inputs`` key, is read as JSON.
+text. A body is therefore read as JSON when its content type says JSON, or when it has no
+content type (or curl's form type) and starts with ``{`` or ``[`` after whitespace; a body read
+as JSON that does not parse is a 400, never a text. Anything else is one text.
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ from batching.errors import InvalidRequest, UnprocessableInput
 
 from .inputs import InputSpec, named_item
 
-__all__ = ["check_inputs", "check_texts", "encode_outputs", "parse_inputs"]
+__all__ = ["SNIFFED_TYPES", "check_inputs", "check_texts", "encode_outputs", "parse_inputs"]
+
+#: Content types that do not say what the body is (none, or what ``curl -d`` sends): a body of
+#: one of them is JSON when it starts with ``{`` or ``[`` after whitespace, else text.
+SNIFFED_TYPES = frozenset({"", "application/x-www-form-urlencoded"})
 
 
 def parse_inputs(body: bytes, content_type: str) -> list[Any]:
@@ -32,24 +37,34 @@ def parse_inputs(body: bytes, content_type: str) -> list[Any]:
     media_type = content_type.partition(";")[0].strip().lower()
     if media_type == "application/json" or media_type.endswith("+json"):
         return _inputs_from_json(_load_json(body))
-    if media_type in ("", "application/x-www-form-urlencoded") and body.lstrip()[:1] == b"{":
+    first = body.lstrip()[:1]
+    if media_type in SNIFFED_TYPES and first in (b"{", b"["):
+        sniffed = first.decode()
+        document = _load_json(body, sniffed)
         try:
-            document = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            document = None
-        if isinstance(document, dict) and "inputs" in document:
             return _inputs_from_json(document)
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"{exc}; {_as_text(sniffed)}") from None
     try:
         return [body.decode("utf-8")]
     except UnicodeDecodeError:
         raise InvalidRequest("the request body is not valid UTF-8 text") from None
 
 
-def _load_json(body: bytes) -> Any:
+def _load_json(body: bytes, sniffed: str | None = None) -> Any:
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+        if sniffed is None:
+            raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+        raise InvalidRequest(
+            f"the request body starts with {sniffed!r}, so it was read as JSON, and it is not "
+            f"valid JSON: {exc}; {_as_text(sniffed)}"
+        ) from None
+
+
+def _as_text(first: str) -> str:
+    return f"to send text that starts with {first!r}, set Content-Type: text/plain"
 
 
 def _inputs_from_json(document: Any) -> list[Any]:

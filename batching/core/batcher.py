@@ -26,11 +26,11 @@ from batching.errors import DeadlineExceeded, InferenceFailed, NotReady, Payload
 from .admission import Admission, Throughput
 from .config import BatchingConfig
 from .events import BatchEvents, NoEvents
-from .jobs import InstanceLost, Job, Request, RunBatch
+from .jobs import InstanceLost, Job, Pending, Request, RunBatch
 from .packing import LENGTH_SPREAD, Batch, inputs_of, longest, padded_tokens
 from .policy import BatchPolicy, Formation
 
-__all__ = ["BatchEvents", "Batcher", "InstanceLost", "Job", "Request", "RunBatch"]
+__all__ = ["BatchEvents", "Batcher", "InstanceLost", "Job", "Pending", "Request", "RunBatch"]
 
 logger = logging.getLogger("batching")
 
@@ -101,7 +101,7 @@ class Batcher:
         deadline: float,
         tokens: list[int] | None = None,
         request_id: str = "",
-    ) -> asyncio.Future[list[Any]]:
+    ) -> Pending:
         """Admit ``items`` as one request and return the future of their outputs, in order.
 
         :raises PayloadTooLarge: more items than one request may carry.
@@ -130,7 +130,7 @@ class Batcher:
             instances=self.ready_instances,
             time_left=deadline - now,
         )
-        future: asyncio.Future[list[Any]] = loop.create_future()
+        future = Pending(loop=loop)
         request = Request(
             items=items,
             tokens=tokens,
@@ -389,6 +389,7 @@ class Batcher:
             for job in jobs:
                 if job.request.started is None:
                     job.request.started = started_by_clock
+                    job.request.future.running = True
                     self.queued_requests -= 1
             self.busy_instances += 1
             running = sum(job.size for job in jobs)

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["InstanceLost", "Job", "Outputs", "Request", "RunBatch"]
+__all__ = ["InstanceLost", "Job", "Outputs", "Pending", "Request", "RunBatch"]
 
 
 class Outputs(Protocol):
@@ -27,13 +27,23 @@ class Outputs(Protocol):
 RunBatch = Callable[[list[Any]], Awaitable[tuple[Outputs, float]]]
 
 
+class Pending(asyncio.Future[list[Any]]):
+    """The future of one submitted request's outputs, as :meth:`Batcher.submit` returns it.
+
+    :attr:`running` says whether a batch has started on any of its items, so that a caller
+    whose deadline passes can tell whether it expired in the queue or while it ran.
+    """
+
+    running: bool = False
+
+
 @dataclass(eq=False, slots=True)
 class Request:
     """One caller's submission: its items, their results so far, and the future to resolve."""
 
     items: list[Any]
     tokens: list[int] | None
-    future: asyncio.Future[list[Any]]
+    future: Pending
     enqueued_at: float
     deadline: float
     request_id: str = ""

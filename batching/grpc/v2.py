@@ -171,6 +171,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             # grpc cancels the handler when the caller cancels or its deadline passes.
             remaining = context.time_remaining()
             status = 504 if remaining is not None and remaining <= 0 else CANCELLED
+            if status == 504:
+                plane.refused(deployment.name, "deadline")
             raise
         finally:
             plane.record(deployment, status, started)

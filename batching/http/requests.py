@@ -14,27 +14,54 @@ from batching.service import DataPlane
 
 from .middleware import request_id_of
 
-__all__ = ["TIMEOUT_HEADER", "disconnect_of", "infer_for_request", "read_body", "timeout_of"]
+__all__ = [
+    "TIMEOUT_HEADER",
+    "BodyTooLarge",
+    "disconnect_of",
+    "infer_for_request",
+    "read_body",
+    "read_unattributed_body",
+    "timeout_of",
+]
 
 TIMEOUT_HEADER = "x-request-timeout-ms"
+
+
+class BodyTooLarge(PayloadTooLarge):
+    """Raised when a request body is over the byte limit: a 413 the edge decides, so the edge
+    counts it (``recorded``, or :func:`read_unattributed_body`), not the batcher."""
 
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The whole body, refusing more than ``limit`` bytes before reading them all.
 
-    :raises PayloadTooLarge: declared or actual size over ``limit``.
+    :raises BodyTooLarge: declared or actual size over ``limit``.
     """
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"the request body is over the {limit}-byte limit")
+        raise BodyTooLarge(f"the request body is over the {limit}-byte limit")
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"the request body is over the {limit}-byte limit")
+            raise BodyTooLarge(f"the request body is over the {limit}-byte limit")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def read_unattributed_body(plane: DataPlane, request: Request, limit: int) -> bytes:
+    """:func:`read_body` for a door whose body names the model (``/v1/...``): a body over the
+    limit is answered before any model is known, so it is counted here, under model ""
+    (``batching_requests_total{code="413"}`` and ``batching_rejected_total{reason="too_large"}``).
+    """
+    started = plane.now()
+    try:
+        return await read_body(request, limit)
+    except BodyTooLarge:
+        plane.record(None, 413, started)
+        plane.refused("", "too_large")
+        raise
 
 
 def timeout_of(request: Request) -> float | None:

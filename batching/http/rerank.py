@@ -24,7 +24,7 @@ from batching.service import DataPlane
 from .errors import CLIENT_CLOSED, recorded
 from .middleware import request_id_of
 from .openai import ANY_METHOD, openai_endpoint, served_model
-from .requests import disconnect_of, read_body, timeout_of
+from .requests import disconnect_of, read_unattributed_body, timeout_of
 
 __all__ = ["rerank_routes"]
 
@@ -33,7 +33,7 @@ def rerank_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
     """The rerank route over ``plane``; bodies over ``max_body_bytes`` get 413."""
 
     async def rerank(request: Request) -> Response:
-        body = await read_body(request, max_body_bytes)
+        body = await read_unattributed_body(plane, request, max_body_bytes)
         parsed = parse_rerank_request(body)
         deployment = served_model(plane, parsed.model, takes_pairs, "a text-pair (rerank)")
         with recorded(plane, deployment) as outcome:

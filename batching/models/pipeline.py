@@ -202,13 +202,18 @@ class PipelineModel:
             # Generation cost grows with new tokens, not prompt length: keep the prompt short.
             return warmup_batches(warmup_text(16), max_batch_size)
         if self.task == "fill-mask":
-            tokenizer = getattr(self._pipeline, "tokenizer", None)
-            mask = getattr(tokenizer, "mask_token", None) or self._token_counter().mask_token
+            mask = self._mask_token()
             if mask is None:
                 raise ValueError(f"{self.path}: the tokenizer has no mask token for fill-mask")
             # The mask goes first so truncation can never cut it off.
             return warmup_batches(f"{mask} " + warmup_text(length), max_batch_size)
         return warmup_batches(warmup_text(length), max_batch_size)
+
+    def _mask_token(self) -> str | None:
+        """The token a fill-mask text must hold: the one whose word the model predicts."""
+        tokenizer = getattr(self._pipeline, "tokenizer", None)
+        mask = getattr(tokenizer, "mask_token", None) or self._token_counter().mask_token
+        return str(mask) if mask else None
 
     def metadata(self) -> dict[str, Any]:
         name = "text" if self.is_text else "input"
@@ -223,6 +228,12 @@ class PipelineModel:
         else:
             # Structured results (labels, candidates, ...) travel as JSON strings.
             outputs = [{"name": "output", "datatype": "BYTES", "shape": [-1]}]
+        if self.task == "fill-mask":
+            # Every text must hold it: the server refuses one without it (422) before it is
+            # queued, instead of letting it fail the batch it joins.
+            mask = self._mask_token()
+            if mask is not None:
+                described["mask_token"] = mask
         if self.takes_pairs:
             inputs.append(
                 {"name": "text_pair", "datatype": "BYTES", "shape": [-1], "optional": True}

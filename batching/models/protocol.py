@@ -115,7 +115,10 @@ class ModelBase:
         :mod:`batching.codecs.rerank`). A text model whose first output is FP32 of shape
         ``[-1, dim]`` is an embedding model, served by ``/v1/embeddings``; that output may
         say ``"normalized": True`` (unit vectors), which lets clients ask for fewer
-        ``dimensions``. Default: nothing described."""
+        ``dimensions``. A text model may name a ``mask_token`` (top level) that every text
+        must hold, as fill-mask models do: a text without it is refused (422) before it is
+        queued, so it cannot fail the batch it would have joined. Default: nothing
+        described."""
         return {}
 
 

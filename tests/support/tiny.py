@@ -96,3 +96,12 @@ def classifier_folder(root: Path, name: str, labels: list[str], seed: int = 0) -
     transformers.BertForSequenceClassification(config).save_pretrained(folder)
     _tokenizer(folder, root)
     return folder
+
+
+def masked_folder(root: Path, name: str = "masked") -> Path:
+    """A masked language model (``[MASK]``), for the fill-mask pipeline."""
+    folder = root / name
+    torch.manual_seed(0)
+    transformers.BertForMaskedLM(bert_config()).save_pretrained(folder)
+    _tokenizer(folder, root)
+    return folder
