@@ -129,7 +129,7 @@ RULES: tuple[Rule, ...] = (
     Rule(r"scripts/perf_analyzer ", "client", rewrite=PERF_SHORT),
     Rule(r"python server\.py --model \./my-", "server", needs="model folders"),
     Rule(r"python server\.py --model mypackage\.models:Reverser$", "server", needs="mypackage"),
-    Rule(r"python server\.py --instances (2|cpu_count --instance-kind process)$", "server"),
+    Rule(r"python server\.py( --(instances|instance-kind|engine|precision) \S+)+$", "server"),
     Rule(r"python server\.py --device cuda", "skip", "needs GPUs: none on this machine"),
     Rule(r"python server\.py --model-repository models/$", "server", needs="models/"),
     Rule(r"python server\.py --model-repository models\.toml$", "server", needs="models.toml"),
