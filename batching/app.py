@@ -46,8 +46,9 @@ OnLoadFailure = Callable[[Deployment, int, str], None]
 
 
 def default_model_builder(config: ModelConfig) -> Model:
-    """Build a model from the configuration's parsed source (see :class:`ModelSource`)."""
-    return config.model_source.build()
+    """Build a model from the configuration's parsed source (see :class:`ModelSource`), told
+    the configuration's engine and precision."""
+    return config.model_source.build(config.engine_options)
 
 
 class _ConfigFactory:

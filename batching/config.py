@@ -6,9 +6,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from batching.core.config import POLICIES, BatchingConfig
+from batching.models.engines.options import (
+    ENGINES,
+    PRECISIONS,
+    EngineOptions,
+    check_engine_settings,
+)
 from batching.models.source import ModelSource
 
-__all__ = ["INSTANCE_KINDS", "POLICIES", "WARMUP_DATA", "BatchingConfig", "ModelConfig"]
+__all__ = [
+    "ENGINES",
+    "INSTANCE_KINDS",
+    "POLICIES",
+    "PRECISIONS",
+    "WARMUP_DATA",
+    "BatchingConfig",
+    "ModelConfig",
+]
 
 INSTANCE_KINDS = ("thread", "process")
 #: Where warm-up inputs come from: the model's own samples, zeros, random data or a file.
@@ -38,6 +52,13 @@ class ModelConfig:
     warmup_data: str = "model"
     #: With ``warmup_data="file"``: a UTF-8 file holding one input per line.
     warmup_file: str | None = None
+    #: What runs the model: "auto" (measured at start-up), "torch", "onnxruntime", "openvino".
+    engine: str = "auto"
+    #: "auto" (bf16 where it is faster and as accurate), "fp32", "bf16", "fp16" (GPU only).
+    precision: str = "auto"
+    #: Where exported engines and start-up measurements are kept; None: the default folder
+    #: (``$BATCHING_ENGINE_CACHE``, ``$XDG_CACHE_HOME/batching/engines``, ``~/.cache/...``).
+    engine_cache: str | None = None
     #: ``source`` and ``task`` parsed (at construction, once); pass one already parsed to
     #: skip the parse.
     spec: ModelSource | None = field(default=None, compare=False, repr=False)
@@ -53,6 +74,17 @@ class ModelConfig:
         """The parsed ``source`` and ``task``."""
         assert self.spec is not None  # set by __post_init__
         return self.spec
+
+    @property
+    def engine_options(self) -> EngineOptions:
+        """What the model's engine selection is told (picklable, for process instances)."""
+        return EngineOptions(
+            engine=self.engine,
+            precision=self.precision,
+            cache_dir=self.engine_cache,
+            batch_sizes=tuple(sorted({1, self.batching.max_batch_size})),
+            model_name=self.name,
+        )
 
     def _validate(self) -> None:
         if not self.name or "/" in self.name:
@@ -78,3 +110,12 @@ class ModelConfig:
             )
         if (self.warmup_data == "file") != (self.warmup_file is not None):
             raise ValueError('warmup_file is required with warmup_data="file", and only then')
+        spec = self.model_source
+        # Raises EngineConfigError (a ValueError): one line saying what to do.
+        check_engine_settings(
+            self.engine,
+            self.precision,
+            task=spec.task,
+            custom=spec.kind == "class",
+            devices=self.devices,
+        )

@@ -152,6 +152,14 @@ class Metrics:
             registry=r,
         )
 
+        self.engine_info = Gauge(
+            "batching_model_engine_info",
+            "What runs each model's batches, as chosen at start-up: 1 per engine and "
+            "precision, with the batch sizes it serves.",
+            ["model", "engine", "precision", "batch_sizes"],
+            registry=r,
+        )
+
     def for_model(self, model: str) -> ModelEvents:
         return ModelEvents(self, model)
 
@@ -175,6 +183,13 @@ class Metrics:
         self.busy_ratio.labels(name).set(signals.busy_ratio)
         if deployment.warmup_s:
             self.warmup.labels(deployment.name).set(deployment.warmup_s[-1])
+        engine = deployment.metadata.get("engine")
+        if isinstance(engine, dict):
+            for route in engine.get("routes", []):
+                first, last = route["batch_sizes"]
+                self.engine_info.labels(
+                    name, route["engine"], route["precision"], f"{first}-{last}"
+                ).set(1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+import orjson
+
 from batching.config import ModelConfig
 from batching.metrics import Duration, ModelEvents, ModelStatistics
 from batching.runtime.deployment import Deployment
@@ -107,12 +109,29 @@ def model_metadata(deployment: Deployment) -> dict[str, Any]:
             for name, datatype, dims in _tensors(deployment, kind)
         ]
 
-    return {
+    described: dict[str, Any] = {
         "name": deployment.name,
         "versions": [deployment.config.version],
         "platform": _platform(deployment),
         "inputs": tensors("inputs"),
         "outputs": tensors("outputs"),
+    }
+    engine = deployment.metadata.get("engine")
+    if isinstance(engine, dict):
+        # What runs the model and why (the figures measured at start-up); not a v2 field,
+        # so clients that read only the protocol's fields ignore it.
+        described["engine"] = engine
+    return described
+
+
+def _engine_parameters(deployment: Deployment) -> dict[str, object]:
+    engine = deployment.metadata.get("engine")
+    if not isinstance(engine, dict):
+        return {}
+    return {
+        "engine": engine.get("engine"),
+        "precision": engine.get("precision"),
+        "engine_decision": orjson.dumps(engine).decode(),
     }
 
 
@@ -200,6 +219,7 @@ def model_config(deployment: Deployment) -> dict[str, Any]:
                 "queue_close_ratio": batching.queue_close_ratio,
                 "instance_kind": config.instance_kind,
                 "devices": ",".join(config.devices),
+                **_engine_parameters(deployment),
             }
         ),
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,8 @@ import transformers
 
 __all__ = [
     "TokenCounter",
+    "calibration_texts",
+    "encode",
     "encode_and_run",
     "max_length_of",
     "mean_pool",
@@ -40,6 +42,12 @@ _WARMUP_WORDS = (
     "dog",
     "while",
     "batching",
+)
+
+_CALIBRATION_WORDS = (
+    *("a", "cat", "sat", "on", "the", "mat", "and", "it", "was", "very", "good", "not"),
+    *("bad", "movie", "house", "tree", "runs", "fast", "slow", "what", "where", "who"),
+    *("eats", "fish", "sleeps", "red", "blue", "green", "i", "like", "with", "dog"),
 )
 
 _DEVICE_RE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
@@ -185,19 +193,51 @@ class TokenCounter:
         return len(encoded["input_ids"])
 
 
-def encode_and_run(
-    tokenizer: Any, model: Any, texts: Sequence[str], max_length: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tokenise ``texts`` (padded to the longest, truncated at ``max_length``), run ``model``
-    on ``device``, and return its last hidden state with the attention mask. Call it under
-    ``torch.inference_mode()``."""
+def encode(
+    tokenizer: Any,
+    texts: Sequence[str],
+    max_length: int,
+    device: torch.device,
+    pairs: Sequence[str] | None = None,
+) -> Any:
+    """Tokenise ``texts`` (with ``pairs``, as sequence pairs), padded to the longest and
+    truncated at ``max_length``, as tensors on ``device``."""
     encoded = tokenizer(
-        list(texts), padding=True, truncation=True, max_length=max_length, return_tensors="pt"
+        list(texts),
+        None if pairs is None else list(pairs),
+        padding=True,
+        truncation=True,
+        max_length=max_length,
+        return_tensors="pt",
     )
-    if device.type != "cpu":
-        encoded = encoded.to(device)
-    hidden = model(**encoded)[0]
+    return encoded.to(device) if device.type != "cpu" else encoded
+
+
+def encode_and_run(
+    tokenizer: Any,
+    run: Callable[[Any], torch.Tensor],
+    texts: Sequence[str],
+    max_length: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokenise ``texts`` (padded to the longest, truncated at ``max_length``), run them
+    through ``run`` (the model's engine: its first output from the encoded batch) on
+    ``device``, and return the last hidden state with the attention mask. Call it under
+    ``torch.inference_mode()``."""
+    encoded = encode(tokenizer, texts, max_length, device)
+    hidden = run(encoded)
     return hidden, encoded["attention_mask"]
+
+
+def calibration_texts(words: int, prefix: str = "") -> list[str]:
+    """Texts of spread lengths (1 word up to ``words``), for the engines' accuracy check:
+    padding, short and full-length inputs all take part."""
+    lengths = sorted({max(1, round(words * share)) for share in (0, 0.05, 0.15, 0.3, 0.5, 1)})
+    vocabulary = _CALIBRATION_WORDS
+    return [
+        prefix + " ".join(vocabulary[(i * 7 + n * 3) % len(vocabulary)] for i in range(length))
+        for n, length in enumerate(lengths)
+    ]
 
 
 def warmup_text(words: int) -> str:

@@ -13,6 +13,8 @@ from transformers.pipelines import PIPELINE_REGISTRY, TASK_ALIASES
 
 from ._torch import (
     TokenCounter,
+    calibration_texts,
+    encode,
     encode_and_run,
     max_length_of,
     mean_pool,
@@ -22,9 +24,21 @@ from ._torch import (
     to_numpy,
     warmup_text,
 )
+from .engines.logits import LogitsModel, mask_logits, scores
+from .engines.measure import resident_mb
+from .engines.options import EngineOptions
+from .engines.plan import EnginePlan
+from .engines.selection import EngineJob, select_engine
 from .protocol import warmup_batches
 
 __all__ = ["PipelineModel", "supported_tasks"]
+
+#: The tasks another engine may serve: what is exported, and the accuracy check.
+_ENGINE_TASKS = {
+    "feature-extraction": ("base", "embedding"),
+    "text-classification": ("sequence-classification", "classification"),
+    "fill-mask": ("masked-lm", "fill-mask"),
+}
 
 # Tasks whose inputs are plain strings: they get truncation, token counts and a text warm-up.
 _TEXT_TASKS = frozenset(
@@ -82,10 +96,19 @@ class PipelineModel:
 
     :param task: a pipeline task name (validated now, so a typo fails at start-up).
     :param path: the local model folder (weights, config and tokenizer).
+    :param engine: what computes the logits (or hidden states) for feature-extraction,
+        text-classification and fill-mask (:mod:`batching.models.engines`); the pipeline's
+        pre- and post-processing stay the same. Other tasks run on torch. None: torch, fp32.
     :param pipeline_kwargs: passed to ``transformers.pipeline`` (e.g. ``top_k=3``).
     """
 
-    def __init__(self, task: str, path: str | os.PathLike[str], **pipeline_kwargs: Any) -> None:
+    def __init__(
+        self,
+        task: str,
+        path: str | os.PathLike[str],
+        engine: EngineOptions | None = None,
+        **pipeline_kwargs: Any,
+    ) -> None:
         supported = supported_tasks()
         if task not in supported:
             raise ValueError(f"unknown task {task!r}; supported tasks: {', '.join(supported)}")
@@ -98,7 +121,10 @@ class PipelineModel:
         self.is_text = self.task in _TEXT_TASKS
         #: Whether an input may be a text pair ``{"text": a, "text_pair": b}``.
         self.takes_pairs = self.task == "text-classification"
+        self.engine = engine or EngineOptions(engine="torch", precision="fp32")
         self._pipeline: Any = None
+        self._plan: EnginePlan | None = None
+        self._tokenizer: Any = None
         self._device = torch.device("cpu")
         self._max_length = 512
         self._counter: TokenCounter | None = None
@@ -110,15 +136,67 @@ class PipelineModel:
         kwargs = dict(self.pipeline_kwargs)
         if self.is_text:
             kwargs.setdefault("tokenizer", str(self.path))
+        before = resident_mb()
         # The task is a str checked against supported_tasks() at construction; transformers'
         # overloads only accept each task name as a literal (the implementation takes str).
-        self._pipeline = transformers.pipeline(  # type: ignore[call-overload]
+        pipe = transformers.pipeline(  # type: ignore[call-overload]
             self.task, model=str(self.path), device=self._device, **kwargs
         )
-        self._pipeline.model.eval()
-        tokenizer = getattr(self._pipeline, "tokenizer", None)
+        pipe.model.eval()
+        tokenizer = getattr(pipe, "tokenizer", None)
         if tokenizer is not None:
             self._max_length = max_length_of(tokenizer, self._config)
+        head, measure = _ENGINE_TASKS.get(self.task, ("base", None))
+        original = pipe.model
+        self._pipeline, self._tokenizer = pipe, tokenizer
+        self._plan = select_engine(
+            EngineJob(
+                options=self.engine,
+                folder=self.path,
+                head=head,
+                measure=measure if tokenizer is not None else None,
+                device=str(self._device),
+                input_names=(
+                    tuple(tokenizer(["a"], return_tensors="pt").keys()) if tokenizer else ()
+                ),
+                load_reference=lambda: original,
+                view=self._view,
+                calibration=self._calibration,
+                sample=self._sample,
+                reference_mb=_grown(before),
+            )
+        )
+        if self.task in _ENGINE_TASKS:
+            pipe.model = LogitsModel(self._plan, original, self.task)
+
+    def _encode(self, texts: list[str], pairs: list[str] | None = None) -> Any:
+        return encode(self._tokenizer, texts, self._max_length, self._device, pairs)
+
+    def _mask(self) -> str:
+        mask: str | None = getattr(self._tokenizer, "mask_token", None)
+        if mask is None:
+            raise ValueError(f"{self.path}: the tokenizer has no mask token for fill-mask")
+        return mask
+
+    def _calibration(self) -> list[Any]:
+        prefix = f"{self._mask()} " if self.task == "fill-mask" else ""
+        texts = calibration_texts(min(self._max_length, 512) - 8, prefix)
+        batches = [self._encode(texts), self._encode(texts[-1:])]
+        if self.takes_pairs:
+            batches.append(self._encode(texts, list(reversed(texts))))
+        return batches
+
+    def _sample(self, size: int) -> Any:
+        prefix = f"{self._mask()} " if self.task == "fill-mask" else ""
+        return self._encode([prefix + warmup_text(self._max_length)] * size)
+
+    def _view(self, output: torch.Tensor, encoded: Any) -> np.ndarray:
+        if self.task == "text-classification":
+            return scores(self._config.get("problem_type"), output)
+        if self.task == "fill-mask":
+            return mask_logits(self._tokenizer.mask_token_id, output, encoded["input_ids"])
+        with torch.inference_mode():
+            return to_numpy(mean_pool(output, encoded["attention_mask"]))
 
     def _call_kwargs(self) -> dict[str, Any]:
         """Truncation for the tasks that accept tokenizer options, unless the user set them."""
@@ -151,9 +229,10 @@ class PipelineModel:
     def _embed(self, inputs: list[Any]) -> np.ndarray:
         require_strings(inputs)
         pipe = self._pipeline
+        assert self._plan is not None  # loaded with the pipeline
         with torch.inference_mode():
             hidden, mask = encode_and_run(
-                pipe.tokenizer, pipe.model, list(inputs), self._max_length, self._device
+                pipe.tokenizer, self._plan, list(inputs), self._max_length, self._device
             )
             pooled = mean_pool(hidden, mask)
         return to_numpy(pooled)
@@ -241,6 +320,8 @@ class PipelineModel:
             labels = _labels_of(self._config)
             if labels:
                 described["labels"] = labels
+        if self._plan is not None:
+            described["engine"] = self._plan.describe()
         return {"inputs": inputs, "outputs": outputs, **described}
 
 
@@ -285,3 +366,8 @@ def _labels_of(config: dict[str, Any]) -> list[str]:
 
 def _is_one_per_input(outputs: Any, count: int) -> bool:
     return isinstance(outputs, list) and len(outputs) == count
+
+
+def _grown(before: float | None) -> float | None:
+    after = resident_mb()
+    return None if before is None or after is None else max(0.0, after - before)

@@ -12,6 +12,8 @@ import transformers
 
 from ._torch import (
     TokenCounter,
+    calibration_texts,
+    encode,
     encode_and_run,
     max_length_of,
     mean_pool,
@@ -22,6 +24,9 @@ from ._torch import (
     warmup_text,
 )
 from .default import DEFAULT_MODEL_NAME, default_model_path
+from .engines.options import EngineOptions
+from .engines.plan import EnginePlan
+from .engines.selection import EngineJob, select_engine
 from .protocol import warmup_batches
 
 __all__ = ["SentenceEmbedder"]
@@ -53,10 +58,15 @@ class SentenceEmbedder:
 
     :param path: the model folder; ``None`` means the bundled all-MiniLM-L6-v2.
     :param max_seq_length: truncation length in tokens, overriding ``sentence_bert_config.json``.
+    :param engine: what runs the encoder (:mod:`batching.models.engines`); tokenisation,
+        pooling and normalisation stay the same whatever runs it. None: torch, fp32.
     """
 
     def __init__(
-        self, path: str | os.PathLike[str] | None = None, max_seq_length: int | None = None
+        self,
+        path: str | os.PathLike[str] | None = None,
+        max_seq_length: int | None = None,
+        engine: EngineOptions | None = None,
     ) -> None:
         if path is None:
             self.path = default_model_path()
@@ -86,8 +96,9 @@ class SentenceEmbedder:
             width = self._config.get("hidden_size") or self._config.get("d_model")
         self.dimension: int = width * len(self.pooling_modes) if isinstance(width, int) else -1
 
+        self.engine = engine or EngineOptions(engine="torch", precision="fp32")
         self._device = torch.device("cpu")
-        self._model: Any = None
+        self._model: EnginePlan | None = None
         self._tokenizer: Any = None
         self._counter: TokenCounter | None = None
 
@@ -146,9 +157,40 @@ class SentenceEmbedder:
         self._tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.path))
         if self._max_seq_length is None:
             self._max_seq_length = max_length_of(self._tokenizer, self._config)
+        self._model = select_engine(
+            EngineJob(
+                options=self.engine,
+                folder=self.path,
+                head="base",
+                measure="embedding",
+                device=str(self._device),
+                input_names=tuple(self._tokenizer(["a"], return_tensors="pt").keys()),
+                load_reference=self._load_encoder,
+                view=self._view,
+                calibration=self._calibration,
+                sample=self._sample,
+            )
+        )
+
+    def _load_encoder(self) -> Any:
         model = transformers.AutoModel.from_pretrained(str(self.path))
         model.eval()
-        self._model = model.to(self._device)
+        return model.to(self._device)
+
+    def _encode(self, texts: list[str]) -> Any:
+        texts = [text.lower() for text in texts] if self._lowercase else texts
+        return encode(self._tokenizer, texts, self.max_seq_length, self._device)
+
+    def _calibration(self) -> list[Any]:
+        texts = calibration_texts(self.max_seq_length)
+        return [self._encode(texts), self._encode(texts[-1:])]
+
+    def _sample(self, size: int) -> Any:
+        return self._encode([warmup_text(self.max_seq_length)] * size)
+
+    def _view(self, hidden: torch.Tensor, encoded: Any) -> np.ndarray:
+        with torch.inference_mode():
+            return to_numpy(self._vectors(hidden, encoded["attention_mask"]))
 
     def predict(self, inputs: list[str]) -> np.ndarray:
         if self._model is None:
@@ -161,10 +203,14 @@ class SentenceEmbedder:
             hidden, mask = encode_and_run(
                 self._tokenizer, self._model, texts, self.max_seq_length, self._device
             )
-            pooled = self._pool(hidden, mask)
-            if self.normalize:
-                pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=1)
+            pooled = self._vectors(hidden, mask)
         return to_numpy(pooled)
+
+    def _vectors(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        pooled = self._pool(hidden, mask)
+        if self.normalize:
+            pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=1)
+        return pooled
 
     def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         vectors: list[torch.Tensor] = []
@@ -208,4 +254,5 @@ class SentenceEmbedder:
                     "normalized": self.normalize,
                 }
             ],
+            **({"engine": self._model.describe()} if self._model is not None else {}),
         }

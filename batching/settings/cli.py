@@ -9,6 +9,12 @@ from dataclasses import dataclass, field
 
 from batching.config import BatchingConfig, ModelConfig
 from batching.http.connections import ConnectionLimits
+from batching.models.engines.options import (
+    ENGINES,
+    PRECISIONS,
+    EngineConfigError,
+    default_cache_dir,
+)
 from batching.models.source import ModelSource, ModelSourceError
 from batching.runtime.cpus import CpuBudget, read_cpu_budget
 
@@ -251,6 +257,26 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="on SIGTERM, how long accepted requests may take to finish",
     )
     parser.flag(
+        "--engine",
+        default="auto",
+        choices=ENGINES,
+        help="what runs the model: auto measures the installed engines at start-up (on the "
+        "warm-up batches, at batch 1 and the batch cap) and keeps the fastest that matches "
+        "torch fp32; torch, onnxruntime or openvino pins one (custom classes run on their own)",
+    )
+    parser.flag(
+        "--precision",
+        default="auto",
+        choices=PRECISIONS,
+        help="auto takes bf16 only where it is measured faster and its outputs match fp32 "
+        "(cosine >= 0.9999, same labels, same top-k); fp32, bf16, or fp16 on a GPU",
+    )
+    parser.flag(
+        "--engine-cache",
+        help="folder for exported engines and start-up measurements (default: "
+        f"{default_cache_dir({})}, or under $XDG_CACHE_HOME)",
+    )
+    parser.flag(
         "--torch-threads",
         default="auto",
         help="intra-op threads per instance; auto shares the cores out among the instances",
@@ -338,7 +364,12 @@ def parse_settings(
             devices=_devices(str(args.device), str(args.instances), budget.cores),
             instance_kind=str(args.instance_kind),
             batching=batching,
+            engine=str(args.engine),
+            precision=str(args.precision),
+            engine_cache=args.engine_cache or None,
         )
+    except EngineConfigError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     except ValueError as exc:
         parser.error(str(exc))
     models: tuple[ModelConfig, ...] = (model,)

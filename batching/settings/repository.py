@@ -16,7 +16,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from batching.config import INSTANCE_KINDS, POLICIES, WARMUP_DATA, BatchingConfig, ModelConfig
+from batching.config import (
+    ENGINES,
+    INSTANCE_KINDS,
+    POLICIES,
+    PRECISIONS,
+    WARMUP_DATA,
+    BatchingConfig,
+    ModelConfig,
+)
 from batching.models.source import ModelSource, ModelSourceError
 
 from ._toml import MISSING, Table, is_int, show
@@ -39,6 +47,8 @@ _TOP_KEYS = (
     "queue_policy",
     "instance_group",
     "warmup",
+    "engine",
+    "precision",
 )
 
 
@@ -99,6 +109,8 @@ def model_from_table(
     batching = _batching(top, base_batching, max_batch_size)
     devices, instance_kind = _instances(top, base)
     warmup_sizes, warmup_data, warmup_file = _warmup(top, base, folder, max_batch_size)
+    engine = top.choice("engine", ENGINES, base.engine)
+    precision = top.choice("precision", PRECISIONS, base.precision)
     top.finish(_TOP_KEYS)
     try:
         return ModelConfig(
@@ -113,6 +125,9 @@ def model_from_table(
             warmup_batch_sizes=warmup_sizes,
             warmup_data=warmup_data,
             warmup_file=warmup_file,
+            engine=engine,
+            precision=precision,
+            engine_cache=base.engine_cache,
         )
     except ValueError as exc:  # cross-field rules the checks above do not cover
         raise RepositoryError(f"{file}: {path + ': ' if path else ''}{exc}") from exc

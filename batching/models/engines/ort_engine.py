@@ -1,0 +1,38 @@
+"""The ONNX Runtime engine: the exported graph (fused where ONNX Runtime's optimiser fuses
+it) on the CPU, with the server's thread budget: ``intra_op_num_threads`` threads, one
+inter-op thread, sequential execution."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import onnxruntime
+import torch
+
+__all__ = ["OnnxRuntimeRunner"]
+
+
+class OnnxRuntimeRunner:
+    engine = "onnxruntime"
+    precision = "fp32"
+
+    def __init__(self, graph: Path, threads: int) -> None:
+        options = onnxruntime.SessionOptions()
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+        options.log_severity_level = 3  # errors only: its warnings are about graph details
+        # Idle threads block instead of spinning: the event loop and the other instances
+        # share these cores.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.session = onnxruntime.InferenceSession(
+            str(graph), options, providers=["CPUExecutionProvider"]
+        )
+        self.names = [tensor.name for tensor in self.session.get_inputs()]
+
+    def __call__(self, inputs: Mapping[str, Any]) -> torch.Tensor:
+        feeds = {name: inputs[name].numpy() for name in self.names}
+        return torch.from_numpy(self.session.run(None, feeds)[0])

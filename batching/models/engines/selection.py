@@ -1,0 +1,327 @@
+"""Choosing what runs a model, during its instance's load (before it reports ready).
+
+For each (engine, precision) variant the options allow: build it (exporting the model to
+ONNX first, once, into the cache), check its outputs against torch fp32 on a calibration set,
+time it at the batch sizes the server will run, and note the memory it added. Then
+:func:`~.decision.decide` picks, the variants not kept are dropped, and the decision is
+saved in the cache so that the next instance or start-up on this machine reuses it instead of
+measuring again. An engine asked for by name that cannot be exported or fails the check falls
+back to torch fp32, with one log line saying why.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import torch_engine
+from .accuracy import compare
+from .cache import EngineCache, ExportFailed
+from .decision import REFERENCE, Decision, Measurement, Route, decide, variant_name
+from .measure import items_per_second, resident_mb
+from .options import EngineOptions, installed
+from .plan import EnginePlan, Runner
+
+__all__ = ["EngineJob", "candidates", "select_engine"]
+
+logger = logging.getLogger("batching.engines")
+
+#: A variant this many times slower than torch fp32 at batch 1 is not timed further (bf16
+#: emulated on a CPU without bf16 instructions would take minutes at the batch cap).
+_TOO_SLOW = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineJob:
+    """What :func:`select_engine` needs of a model, whatever its task.
+
+    :param folder: the model folder (exported, and hashed for the cache key).
+    :param head: what is exported (a key of ``export.HEADS``).
+    :param measure: the accuracy measure (``accuracy.MEASURES``); None: the task has none,
+        and only torch at fp32 can serve it.
+    :param device: "cpu" or "cuda:N".
+    :param input_names: the tokenizer's tensors, in order (the exported graph's inputs).
+    :param load_reference: loads the model in fp32 on ``device``, in eval mode.
+    :param view: what the accuracy check compares, from a runner's output and its batch
+        (pooled vectors, scores, logits at the masks), as a numpy array.
+    :param calibration: the calibration batches, encoded.
+    :param sample: an encoded batch of n warm-up items, for timing.
+    :param reference_mb: the memory the fp32 model took, when it was loaded before the job.
+    """
+
+    options: EngineOptions
+    folder: Path
+    head: str
+    measure: str | None
+    device: str
+    input_names: tuple[str, ...]
+    load_reference: Callable[[], Any]
+    view: Callable[[Any, Any], np.ndarray]
+    calibration: Callable[[], Sequence[Any]]
+    sample: Callable[[int], Any]
+    reference_mb: float | None = None
+
+
+def candidates(options: EngineOptions, *, gpu: bool, measurable: bool) -> list[tuple[str, str]]:
+    """The (engine, precision) variants the options allow, torch fp32 first when it is one.
+
+    Pure: which engines are installed is asked of :func:`installed`.
+    """
+    if not measurable:
+        return [("torch", "fp32")]
+    engines = ["torch"] if gpu else ["torch", "onnxruntime", "openvino"]
+    if options.engine != "auto":
+        engines = [options.engine]
+    else:
+        engines = [engine for engine in engines if installed(engine)]
+    precisions = {
+        "torch": ["fp32", "bf16", "fp16"] if gpu else ["fp32", "bf16"],
+        "onnxruntime": ["fp32"],
+        "openvino": ["fp32", "bf16"],
+    }
+    found = [
+        (engine, precision)
+        for engine in engines
+        for precision in precisions[engine]
+        if options.precision in ("auto", precision)
+    ]
+    # fp16 only when asked: on a GPU auto weighs bf16 against fp32, as on a CPU.
+    if options.precision == "auto":
+        found = [variant for variant in found if variant[1] != "fp16"]
+    return found
+
+
+def select_engine(job: EngineJob) -> EnginePlan:
+    """Decide (or reuse the decision), build the runners kept, and return the plan."""
+    options = job.options
+    gpu = job.device.startswith("cuda")
+    variants = candidates(options, gpu=gpu, measurable=job.measure is not None)
+    if variants == [("torch", "fp32")]:
+        runner = torch_engine.TorchRunner(job.load_reference(), "fp32")
+        route = Route("torch", "fp32", 1, max(options.batch_sizes))
+        why = "asked for" if options.engine == "torch" else "the only variant for this task"
+        return EnginePlan(Decision((route,), why), {REFERENCE: runner})
+    started = time.perf_counter()
+    cache = EngineCache(options.cache_path, job.folder, job.head)
+    setup = {
+        "engine": options.engine,
+        "precision": options.precision,
+        "device": "cuda" if gpu else "cpu",
+        "threads": torch_engine.threads(),
+        "batch_sizes": sorted(set(options.batch_sizes)),
+        "cpu": _cpu_name(),
+        "measure": job.measure,
+    }
+    with cache.locked():
+        plan = _reuse(job, cache, setup)
+        if plan is None:
+            plan = _measure_and_decide(job, cache, variants, setup)
+    logger.info(
+        "model %s: engine %s%s (%.1fs)",
+        options.model_name,
+        plan.decision.describe(),
+        f"; measured earlier, reused from {plan.reused}" if plan.reused else "",
+        time.perf_counter() - started,
+    )
+    return plan
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def _reuse(job: EngineJob, cache: EngineCache, setup: dict[str, Any]) -> EnginePlan | None:
+    saved = cache.decision(setup)
+    if saved is None:
+        return None
+    try:
+        decision = Decision.from_json(saved["decision"])
+        runners: dict[str, Runner] = {}
+        for route in decision.routes:
+            if route.name not in runners:
+                runners[route.name] = _build(job, cache, route.engine, route.precision, None)
+    except Exception as exc:  # a cache emptied by hand, a library gone: measure again
+        logger.info("model %s: cached engine choice unusable (%s)", job.options.model_name, exc)
+        return None
+    return EnginePlan(decision, runners, reused=str(cache.folder))
+
+
+def _build(
+    job: EngineJob, cache: EngineCache, engine: str, precision: str, reference: Any
+) -> Runner:
+    """One variant's runner; ``reference`` is the loaded fp32 torch model, if it is."""
+    if engine == "torch":
+        return torch_engine.TorchRunner(
+            reference if reference is not None else job.load_reference(), precision
+        )
+    folder = _export(job, cache)
+    threads = torch_engine.threads()
+    if engine == "onnxruntime":
+        from . import export
+        from .ort_engine import OnnxRuntimeRunner
+
+        fused = folder / export.FUSED
+        return OnnxRuntimeRunner(fused if fused.is_file() else folder / export.PLAIN, threads)
+    if engine == "openvino":
+        from . import export
+        from .openvino_engine import OpenVinoRunner
+
+        # One blob cache per precision and thread count: OpenVINO 2026.4 crashed (double
+        # free) compiling bf16 from a folder that held the f32 blob of the same graph.
+        blobs = cache.folder / "openvino" / f"{precision}-{threads}threads"
+        return OpenVinoRunner(folder / export.PLAIN, precision, threads, blobs)
+    raise ValueError(f"unknown engine {engine!r}")
+
+
+def _export(job: EngineJob, cache: EngineCache) -> Path:
+    from . import export
+
+    def make(out: Path) -> None:
+        logger.info(
+            "model %s: exporting %s to ONNX into %s",
+            job.options.model_name,
+            job.folder,
+            cache.folder,
+        )
+        export.export_onnx(job.folder, job.head, job.input_names, out)
+
+    folder, _ = cache.export(make)
+    return folder
+
+
+def _measure_and_decide(
+    job: EngineJob, cache: EngineCache, variants: list[tuple[str, str]], setup: dict[str, Any]
+) -> EnginePlan:
+    options = job.options
+    name = options.model_name
+    sizes = sorted(set(options.batch_sizes))
+    export_error = None
+    if any(engine != "torch" for engine, _ in variants):
+        try:  # first, so that its memory is not counted as any variant's
+            _export(job, cache)
+        except ExportFailed as exc:
+            export_error = f"export failed: {exc}"
+    before = resident_mb()
+    reference = job.load_reference()
+    reference_mb = job.reference_mb if job.reference_mb is not None else _grown(before)
+    calibration = list(job.calibration())
+    reference_runner = torch_engine.TorchRunner(reference, "fp32")
+    expected = np.concatenate([job.view(reference_runner(batch), batch) for batch in calibration])
+    logger.info(
+        "model %s: checking %s against torch fp32 on %d calibration inputs, then timing "
+        "them at batch sizes %s",
+        name,
+        ", ".join(variant_name(*variant) for variant in variants),
+        len(expected),
+        "/".join(str(size) for size in sizes),
+    )
+    measurements: list[Measurement] = []
+    runners: dict[str, Runner] = {}
+    baseline: float | None = None
+    for engine, precision in variants:
+        variant = variant_name(engine, precision)
+        if engine != "torch" and export_error is not None:
+            measurements.append(Measurement(engine, precision, error=export_error))
+            continue
+        before = resident_mb()
+        try:
+            if variant == REFERENCE:
+                runner: Runner = reference_runner
+            else:
+                runner = _build(job, cache, engine, precision, reference)
+            outputs = np.concatenate([job.view(runner(batch), batch) for batch in calibration])
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            measurements.append(Measurement(engine, precision, error=reason))
+            continue
+        assert job.measure is not None
+        accuracy = compare(job.measure, expected, outputs)
+        if not accuracy.ok:
+            measurements.append(
+                Measurement(
+                    engine,
+                    precision,
+                    accuracy=accuracy.figure,
+                    accuracy_ok=False,
+                    accuracy_text=accuracy.text,
+                    error=f"failed the accuracy check: {accuracy.text}",
+                )
+            )
+            continue
+        rates: dict[int, float] = {}
+        error = None
+        for size in sizes:
+            batch = job.sample(size)
+            rates[size] = items_per_second(functools.partial(runner, batch), size)
+            if size == sizes[0] and variant == REFERENCE:
+                baseline = rates[size]
+            elif size == sizes[0] and baseline and rates[size] * _TOO_SLOW < baseline:
+                error = f"over {_TOO_SLOW:g}x slower than torch fp32 at batch {size}"
+                break
+        memory = reference_mb if variant == REFERENCE else _grown(before)
+        measurements.append(
+            Measurement(
+                engine,
+                precision,
+                items_per_s=rates if error is None else {},
+                accuracy=accuracy.figure,
+                accuracy_text=accuracy.text,
+                memory_mb=memory,
+                error=error,
+            )
+        )
+        if error is None:
+            runners[variant] = runner
+        logger.info(
+            "model %s: %s %s, %s items/s at batch %s, +%s MB",
+            name,
+            variant,
+            accuracy.text,
+            "/".join(f"{rate:.0f}" for rate in rates.values()),
+            "/".join(str(size) for size in rates),
+            "?" if memory is None else f"{memory:.0f}",
+        )
+    decision = _decide(measurements, max(sizes), options)
+    plan = EnginePlan(decision, {**runners, REFERENCE: reference_runner})
+    cache.save_decision(setup, {"decision": decision.to_json(), "measured_at": time.time()})
+    return plan
+
+
+def _decide(measurements: list[Measurement], cap: int, options: EngineOptions) -> Decision:
+    failed = [m for m in measurements if not m.usable]
+    try:
+        decision = decide(measurements, cap)
+    except ValueError:
+        reasons = "; ".join(f"{m.name}: {m.error}" for m in failed) or "nothing measured"
+        # One line: the engine asked for cannot serve, so torch fp32 does.
+        logger.warning("model %s: falling back to torch fp32: %s", options.model_name, reasons)
+        route = Route("torch", "fp32", 1, cap)
+        return Decision((route,), f"fallback: {reasons}", tuple(measurements))
+    if failed:
+        logger.info(
+            "model %s: not used: %s",
+            options.model_name,
+            "; ".join(f"{m.name} ({m.error})" for m in failed),
+        )
+    return decision
+
+
+def _grown(before: float | None) -> float | None:
+    after = resident_mb()
+    if before is None or after is None:
+        return None
+    return max(0.0, after - before)

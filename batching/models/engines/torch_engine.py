@@ -1,0 +1,37 @@
+"""The torch engine: the model as transformers loads it, in fp32, or with its weights cast to
+bf16 (or fp16 on a GPU). Outputs come back as float32."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["DTYPES", "TorchRunner", "threads"]
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def threads() -> int:
+    """The intra-op threads torch was given (``OMP_NUM_THREADS``, which server.py sets from
+    the CPU budget): every engine uses as many, so the budget holds whatever runs."""
+    return max(1, torch.get_num_threads())
+
+
+class TorchRunner:
+    """Runs ``model`` (loaded in fp32, in eval mode) at ``precision``; bf16 and fp16 run a
+    cast copy, so the fp32 model stays the reference until it is dropped."""
+
+    engine = "torch"
+
+    def __init__(self, model: Any, precision: str) -> None:
+        dtype = DTYPES[precision]
+        self.precision = precision
+        self.model = model if dtype == torch.float32 else copy.deepcopy(model).to(dtype)
+
+    def __call__(self, inputs: Mapping[str, Any]) -> torch.Tensor:
+        with torch.inference_mode():
+            output: torch.Tensor = self.model(**inputs)[0]
+        return output if output.dtype == torch.float32 else output.float()
