@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import os
 import resource
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable, Sequence
 
 # Read once, when the Hugging Face libraries are first imported (by an instance, later; process
@@ -56,6 +58,7 @@ def build(
     settings: ServerSettings,
     on_load_failure: OnLoadFailure | None = None,
     on_grpc_failure: Callable[[str], None] | None = None,
+    on_all_ready: Callable[[], None] | None = None,
 ) -> Starlette:
     """The app for ``settings``."""
     # torch reads these when it is first imported (by an instance, later); process
@@ -76,6 +79,7 @@ def build(
         grpc_host=settings.host,
         grpc_port_explicit=settings.grpc_port_explicit,
         on_grpc_failure=on_grpc_failure,
+        on_all_ready=on_all_ready,
     )
 
 
@@ -93,19 +97,65 @@ def _raise_file_limit(connections: int) -> None:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn, and the moment it stops taking HTTP connections, the app stops taking gRPC
-    calls: both drain at once, within the same shutdown timeout."""
+    """uvicorn that drains before it closes its listener: on SIGTERM the app first refuses new
+    work (503, and ``/v2/health/ready`` answers 503 for load balancers to see) and stops taking
+    gRPC calls, while the accepted work finishes; only then does uvicorn stop accepting
+    connections and shut down, all within the same shutdown timeout."""
 
     def __init__(self, config: uvicorn.Config, app: Starlette, grace: float) -> None:
         super().__init__(config)
         self.batching_app = app
         self.grace = grace
+        #: Said once the models are ready and uvicorn listens, whichever comes last.
+        self.ready_line: Callable[[], str] | None = None
+        self._models_ready = False
+
+    def models_ready(self) -> None:
+        """Every model is loaded and warm: say so, and where, once uvicorn listens too."""
+        self._models_ready = True
+        if self.started:
+            self._announce()
+
+    def _announce(self) -> None:
+        if self.ready_line is not None:
+            logger.info("%s", self.ready_line())
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self._models_ready:
+            self._announce()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        grpc_server = self.batching_app.state.grpc
-        if grpc_server is not None:
-            grpc_server.begin_stop(self.grace)
+        started = time.monotonic()
+        logger.info("draining: not ready, refusing new requests, finishing accepted ones")
+        await self.batching_app.state.drain(self.grace)
+        # What is left of the grace for uvicorn's own wait on open connections (at least a
+        # second, so that answers being written are not cut off).
+        left = self.grace - (time.monotonic() - started)
+        self.config.timeout_graceful_shutdown = max(1, math.ceil(left))
         await super().shutdown(sockets)
+
+    @property
+    def url(self) -> str:
+        """The base URL it listens on (the bound port when ``--port 0`` asked for any)."""
+        config = self.config
+        port = config.port
+        for server in getattr(self, "servers", []):
+            for sock in server.sockets or []:
+                port = int(sock.getsockname()[1])
+                break
+        host = f"[{config.host}]" if ":" in config.host else config.host
+        return f"http://{host}:{port}"
+
+
+def _ready_line(settings: ServerSettings, server: _Server, app: Starlette) -> str:
+    names = ", ".join(model.name for model in settings.models)
+    url = server.url
+    doors = [f"v2 at {url}/v2"]
+    grpc_server = app.state.grpc
+    if grpc_server is not None and grpc_server.serving:
+        doors.append(f"gRPC at {grpc_server.address}")
+    return f"ready: serving {names} at {url} ({', '.join(doors)})"
 
 
 def _log_start(settings: ServerSettings) -> None:
@@ -136,12 +186,23 @@ def _log_start(settings: ServerSettings) -> None:
         )
 
 
+def find_models_from_here() -> None:
+    """Let ``--model mypackage.models:Name`` find ``mypackage`` in the directory the server is
+    started in, as ``python -m`` and uvicorn do, however it is started (``python
+    /path/to/server.py`` puts only this file's folder on the path, a console script its bin
+    folder). Appended, so it never shadows an installed package."""
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.append(here)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    find_models_from_here()
     settings = parse_settings(argv)
     configure_logging(settings.log_level, settings.log_format)
     _log_start(settings)
     failures: list[str] = []
-    server: uvicorn.Server | None = None
+    server: _Server | None = None
 
     def stop_on_load_failure(deployment: Deployment, index: int, reason: str) -> None:
         # A server that stays live but never ready helps nobody: stop, and say why.
@@ -157,7 +218,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         if server is not None:
             server.should_exit = True
 
-    app = build(settings, stop_on_load_failure, stop_on_grpc_failure)
+    def announce_ready() -> None:
+        if server is not None:
+            server.models_ready()
+
+    app = build(settings, stop_on_load_failure, stop_on_grpc_failure, announce_ready)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -170,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         http=protocol_class(settings.connections),
     )
     server = _Server(config, app, settings.shutdown_timeout)
+    server.ready_line = lambda: _ready_line(settings, server, app)
     server.run()
     if failures:
         print(f"server.py: error: {failures[0]}", file=sys.stderr)

@@ -76,6 +76,7 @@ def create_app(
     grpc_host: str = "127.0.0.1",
     grpc_port_explicit: bool = True,
     on_grpc_failure: Callable[[str], None] | None = None,
+    on_all_ready: Callable[[], None] | None = None,
 ) -> Starlette:
     """A Starlette app serving ``models`` with dynamic batching.
 
@@ -96,11 +97,20 @@ def create_app(
     :param grpc_port_explicit: whether ``grpc_port`` was asked for: then a port that cannot be
         bound stops the start (``on_grpc_failure`` is told why, else the lifespan start
         fails); if it is a default, the app logs one line and serves HTTP only.
+    :param on_all_ready: called once, on the event loop, the first time every model is
+        loaded and warm; by default the app logs ``ready: serving ...`` then.
 
     The models load in the background once the lifespan starts: ``/v2/health/live`` answers
     at once, ``/v2/health/ready`` only when every model is loaded and warm. Creating or
     serving the app changes nothing process-wide (no environment, garbage collector or
     logging settings): that is for the program that embeds it.
+
+    Shutting down takes two steps. ``await app.state.drain(grace)`` refuses new work (infer
+    503, ``/v2/health/ready`` 503, gRPC stops taking calls) and waits up to ``grace`` seconds
+    for the accepted work, while the host still answers on its listener: ``python server.py``
+    calls it on SIGTERM before it closes the listener. The lifespan's shutdown then stops
+    the models within what is left of the grace (all of ``shutdown_timeout`` when nothing
+    drained first).
     """
     if models is None:
         configs: list[ModelConfig] = [ModelConfig(name=DEFAULT_MODEL_NAME)]
@@ -115,6 +125,20 @@ def create_app(
         raise ValueError(f"model names must be unique: {names}")
     largest_batch = max(config.batching.max_batch_size for config in configs)
     metrics = Metrics(registry, max_batch_size=largest_batch)
+    announced = False
+
+    def instance_ready(deployment: Deployment, index: int, info: InstanceInfo) -> None:
+        nonlocal announced
+        if on_ready is not None:
+            on_ready(deployment, index, info)
+        if announced or not deployments.ready:
+            return
+        announced = True
+        if on_all_ready is not None:
+            on_all_ready()
+        else:
+            logger.info("ready: serving %s", ", ".join(deployments.by_name))
+
     deployments = Deployments(
         [
             Deployment(
@@ -122,7 +146,7 @@ def create_app(
                 _ConfigFactory(builder, config),
                 events=metrics.for_model(config.name),
                 instance_factory=instance_factory,
-                on_ready=on_ready,
+                on_ready=instance_ready,
                 on_load_failure=on_load_failure,
             )
             for config in configs
@@ -135,6 +159,19 @@ def create_app(
             plane, grpc_host, grpc_port, explicit=grpc_port_explicit, on_failure=on_grpc_failure
         )
 
+    stop_by: float | None = None
+
+    async def drain(grace: float) -> None:
+        """Refuse new work and wait up to ``grace`` seconds for the accepted work; the
+        lifespan's shutdown then has what is left of ``grace`` to stop the models."""
+        nonlocal stop_by
+        loop = asyncio.get_running_loop()
+        if stop_by is None:
+            stop_by = loop.time() + grace
+        if grpc_server is not None:
+            grpc_server.begin_stop(grace)
+        await asyncio.gather(*(deployment.drain(grace) for deployment in deployments))
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         for deployment in deployments:
@@ -144,9 +181,12 @@ def create_app(
                 await grpc_server.start()
             yield
         finally:
+            grace = shutdown_timeout
+            if stop_by is not None:
+                grace = max(0.0, stop_by - asyncio.get_running_loop().time())
             await asyncio.gather(
-                *([grpc_server.stop(shutdown_timeout)] if grpc_server is not None else []),
-                *(deployment.stop(shutdown_timeout) for deployment in deployments),
+                *([grpc_server.stop(grace)] if grpc_server is not None else []),
+                *(deployment.stop(grace) for deployment in deployments),
             )
 
     async def live(request: Request) -> Response:
@@ -177,4 +217,5 @@ def create_app(
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
     app.add_middleware(RequestIdMiddleware)
     app.state.grpc = grpc_server
+    app.state.drain = drain
     return app

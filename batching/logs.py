@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import sys
 from typing import Any
 
 import orjson
 
-__all__ = ["JsonFormatter", "configure_logging", "uvicorn_log_config"]
+__all__ = ["JsonFormatter", "configure_logging", "iso_time", "uvicorn_log_config"]
 
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def iso_time(created: float) -> str:
+    """``created`` (seconds since the epoch) as ISO 8601 local time with milliseconds and the
+    UTC offset: ``2026-11-23T17:55:35.123+00:00``. Events a few ms apart stay in order."""
+    return dt.datetime.fromtimestamp(created).astimezone().isoformat(timespec="milliseconds")
 
 
 class JsonFormatter(logging.Formatter):
@@ -18,7 +25,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         document: dict[str, Any] = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "time": iso_time(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),

@@ -6,18 +6,28 @@ and ``tune``; ``python -m load_test <command> --help`` lists each one's options.
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import math
-import sys
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any
+from load_test.extra import require_loadtest_extra
 
-from load_test.client import DEFAULT_GRPC_PORT, LoadSpec, Target
-from load_test.experiments import ServerOptions, concurrency_sweep, triton_batching, tune
-from load_test.measure import measure, progress_enabled
-from load_test.payloads import (
+# Before anything that imports httpx or matplotlib: one line naming the extra, no traceback.
+require_loadtest_extra("python -m load_test")
+
+import argparse  # noqa: E402
+import datetime as dt  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from load_test.client import DEFAULT_GRPC_PORT, LoadSpec, Target  # noqa: E402
+from load_test.experiments import (  # noqa: E402
+    ServerOptions,
+    concurrency_sweep,
+    triton_batching,
+    tune,
+)
+from load_test.measure import measure, progress_enabled  # noqa: E402
+from load_test.payloads import (  # noqa: E402
     API_CHOICES,
     OPENAI_ENCODINGS,
     PayloadSet,
@@ -25,11 +35,18 @@ from load_test.payloads import (
     load_texts,
     parse_range,
 )
-from load_test.report import format_run, plot_curve, plot_latency, plot_timeline, write_json
-from load_test.schedule import PROCESSES, Segment, ramp, steps
-from load_test.serverproc import DEFAULT_COMMAND, free_port
-from load_test.soak import add_parser as add_soak_parser
-from load_test.soak import cmd_soak
+from load_test.reach import Unreachable, check_reachable  # noqa: E402
+from load_test.report import (  # noqa: E402
+    format_run,
+    plot_curve,
+    plot_latency,
+    plot_timeline,
+    write_json,
+)
+from load_test.schedule import PROCESSES, Segment, ramp, steps  # noqa: E402
+from load_test.serverproc import DEFAULT_COMMAND, ServerStartError, free_port  # noqa: E402
+from load_test.soak import add_parser as add_soak_parser  # noqa: E402
+from load_test.soak import cmd_soak  # noqa: E402
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -205,7 +222,8 @@ def _add_server(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--server-cmd",
         default=DEFAULT_COMMAND,
-        help=f"command; gets --host, --port and the setting's flags (default: {DEFAULT_COMMAND})",
+        help=f"command; gets --host, --port and the setting's flags ({{python}} is this "
+        f"interpreter, {{server}} this project's server.py; default: {DEFAULT_COMMAND})",
     )
     g.add_argument(
         "--server-dir", type=Path, default=Path("."), help="its working directory (default: .)"
@@ -546,6 +564,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             requests=args.requests,
             duration=args.duration,
         )
+    check_reachable(target, (args.grpc_url or target.grpc_default) if args.api == "grpc" else None)
     _check_v2_model(target, args.api, args.model_name)
     out = _out_dir(args)
     measured = measure(
@@ -637,7 +656,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         with _server(args).start([], out / "server.log") as proc:
             sweep(proc.url, proc.pid)
     else:
-        sweep(args.url or DEFAULT_URL, args.server_pid)
+        url = args.url or DEFAULT_URL
+        check_reachable(_target(url))
+        sweep(url, args.server_pid)
     print(f"files: {out / 'sweep.json'}, {out / 'sweep.png'}")
     return 0
 
@@ -713,6 +734,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except UsageError as exc:
         parser.error(str(exc))  # exits
+    except (Unreachable, ServerStartError) as exc:
+        # The server is not there, or the one this command started did not come up: what
+        # happened and what to do, without a traceback (a start's message ends with its log).
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from load_test.report import (
     write_json,
 )
 from load_test.schedule import Segment
-from load_test.serverproc import ServerProcess
+from load_test.serverproc import ServerProcess, ServerStartError
 from load_test.stats import OTHER_CORES_LIMIT
 
 __all__ = [
@@ -415,6 +415,9 @@ class _Tuner:
     refine: int
     out: TextIO
     tried: dict[TuneConfig, dict[str, Any]] = field(default_factory=dict)
+    #: Whether a server has started yet: if the first one cannot, none will (a wrong
+    #: command, model or directory), and the search stops with that one error.
+    started_any: bool = False
 
     def meets(self, point: dict[str, Any]) -> bool:
         return meets_goal(point, self.goal_ms, self.max_error_rate)
@@ -428,6 +431,7 @@ class _Tuner:
         result: dict[str, Any] = {"name": config.name, "setting": config.setting()}
         try:
             with self.server.start(config.flags(), self._log(config, "search")) as proc:
+                self.started_any = True
                 result["startup_s"] = round(proc.startup_s, 2)
                 last_ok: int | None = None
                 missed: int | None = None
@@ -454,6 +458,8 @@ class _Tuner:
                     points.append(point)
                     low, high = (mid, high) if self.meets(point) else (low, mid)
         except RuntimeError as exc:
+            if isinstance(exc, ServerStartError) and not self.started_any:
+                raise
             result["error"] = str(exc)
             _say(self.out, f"  failed: {exc}")
         points.sort(key=lambda p: p["concurrency"])

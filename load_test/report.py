@@ -24,8 +24,10 @@ __all__ = [
     "plot_curve",
     "plot_latency",
     "plot_timeline",
+    "plain_log_axis",
     "plot_triton",
     "plot_tune",
+    "rolling_median",
     "write_json",
 ]
 
@@ -223,20 +225,24 @@ def plot_latency(path: Path, latencies_ms: Sequence[float], doc: dict[str, Any])
             ax.set_axis_off()
     else:
         low, high = max(values[0], 1e-3), max(values[-1], 1e-3)
-        if high / low > 20:
+        log_x = high / low > 20
+        if log_x:
             bins = np.geomspace(low, high * 1.001, 60)
             hist_ax.set_xscale("log")
-            _plain_log_axis(hist_ax, "x")
         else:
             bins = np.linspace(values[0], values[-1] + 1e-9, 60)
-        hist_ax.hist(values, bins=bins, color=_OK, alpha=0.8)
+        counts, _, _ = hist_ax.hist(values, bins=bins, color=_OK, alpha=0.8)
+        if log_x:
+            plain_log_axis(hist_ax, "x", [low, high], length_in=3.8)
         for name, value, color in marks:
             if value is not None:
-                hist_ax.axvline(value, color=color, ls="--", label=f"{name} {value:.1f} ms")
+                hist_ax.axvline(value, color=color, ls="--", label=f"{name} {_ms(value)}")
         hist_ax.set_xlabel("latency (ms)")
         hist_ax.set_ylabel("requests")
         hist_ax.set_title("latency distribution (200 answers)")
-        hist_ax.legend(loc="best", fontsize=9)
+        # Headroom above the tallest bar, where the legend goes.
+        hist_ax.set_ylim(0, max(float(counts.max()), 1.0) * 1.35)
+        hist_ax.legend(loc="upper center", ncol=3, fontsize=8, framealpha=0.9)
 
         # Each value plotted at the share of requests faster than it, so the slowest one sits
         # at (n-1)/n rather than at 100%, which the "nines" axis cannot show.
@@ -249,15 +255,19 @@ def plot_latency(path: Path, latencies_ms: Sequence[float], doc: dict[str, Any])
             if value is not None:
                 q = float(name[1:])
                 pct_ax.plot([_nines_x(q)], [value], "o", color=color)
+                # Right of and below its point: under the rising curve, inside the axes.
                 pct_ax.annotate(
-                    f"{value:.1f}",
+                    _ms(value),
                     (_nines_x(q), value),
                     textcoords="offset points",
-                    xytext=(-6, 6),
-                    ha="right",
+                    xytext=(7, -3),
+                    ha="left",
+                    va="top",
                     fontsize=9,
                     color=color,
+                    bbox=_LABEL_BOX,
                 )
+        pct_ax.set_ylim(0, float(values[-1]) * 1.08)
         pct_ax.set_xlabel("percentile (axis spaced by nines)")
         pct_ax.set_ylabel("latency (ms)")
         pct_ax.set_title("latency by percentile")
@@ -268,33 +278,59 @@ def plot_latency(path: Path, latencies_ms: Sequence[float], doc: dict[str, Any])
 
 
 def plot_timeline(path: Path, doc: dict[str, Any]) -> None:
-    """Answers/s (and offered/s, failures/s) and windowed p50/p99 over the run."""
+    """Answers/s (and offered/s, failures/s) and p50/p99 over the run.
+
+    Each window's own values are drawn thin and faint; the thick lines are their rolling
+    median over about 2 s, the trend a reader looks for (a window of a quarter second holds
+    few requests, and its p99 jumps with each batch). A last window cut short by the end of
+    the run is left out: its few answers over a short time make a spike that did not happen.
+    """
     plt = _pyplot()
-    rows = doc["timeline"]
     window = doc["timeline_window_s"]
+    rows = list(doc["timeline"])
+    if len(rows) > 1 and rows[-1]["length_s"] < window / 2:
+        rows = rows[:-1]
+    k = _smoothing(window, len(rows))
+    smooth_s = k * window
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-    t = [r["t_s"] + window / 2 for r in rows]
-    top.plot(t, [r["ok_per_s"] for r in rows], color=_OK, label="answered 200 /s")
+    t = [r["t_s"] + r["length_s"] / 2 for r in rows]
+
+    def trend(ax: Axes, values: list[float], color: str, label: str, **style: Any) -> None:
+        if k > 1:
+            ax.plot(t, values, color=color, lw=0.8, alpha=0.3, **style)
+            ax.plot(t, rolling_median(values, k), color=color, lw=2, label=label, **style)
+        else:
+            ax.plot(t, values, color=color, lw=1.5, label=label, **style)
+
+    trend(top, [r["ok_per_s"] for r in rows], _OK, "answered 200 /s")
     if doc["load"]["mode"] == "open":
-        top.plot(t, [r["offered_per_s"] for r in rows], color="grey", ls="--", label="offered /s")
+        offered = [float(r["offered_per_s"]) for r in rows]
+        # Nothing is offered after the last scheduled send: no line, rather than a drop to 0.
+        sent = max((i for i, v in enumerate(offered) if v > 0), default=-1)
+        offered = [v if i <= sent else math.nan for i, v in enumerate(offered)]
+        trend(top, offered, "grey", "offered /s", ls="--")
     failed = [r["failed"] / r["length_s"] for r in rows]
     if any(failed):
         top.bar(t, failed, width=window * 0.9, color=_FAIL, alpha=0.5, label="failed /s")
+    top.set_ylim(bottom=0)
     top.set_ylabel("requests / s")
-    top.legend(loc="upper left", fontsize=9)
+    top.legend(loc="best", fontsize=9, framealpha=0.9)
     top.grid(alpha=0.3)
-    top.set_title(f"{doc['label'] or 'run'}: over time ({window:g} s windows)")
+    how = f"rolling median of {smooth_s:g} s" if k > 1 else f"{window:g} s windows"
+    top.set_title(f"{doc['label'] or 'run'}: over time ({how}; faint: each {window:g} s window)")
     p50 = [math.nan if r["p50_ms"] is None else r["p50_ms"] for r in rows]
     p99 = [math.nan if r["p99_ms"] is None else r["p99_ms"] for r in rows]
-    bottom.plot(t, p50, color=_P50, label="p50")
-    bottom.plot(t, p99, color=_P99, label="p99")
+    trend(bottom, p50, _P50, "p50")
+    trend(bottom, p99, _P99, "p99")
     finite = [v for v in p50 + p99 if not math.isnan(v) and v > 0]
     if finite and max(finite) / min(finite) > 30:
         bottom.set_yscale("log")
-        _plain_log_axis(bottom)
+        plain_log_axis(bottom, "y", finite, length_in=2.6)
+    else:
+        bottom.set_ylim(bottom=0)
     bottom.set_ylabel("latency (ms)")
     bottom.set_xlabel("seconds since start")
-    bottom.legend(loc="upper left", fontsize=9)
+    bottom.legend(loc="upper left", fontsize=9, framealpha=0.9)
     bottom.grid(alpha=0.3)
     for phase in doc.get("phases", [])[1:]:
         for ax in (top, bottom):
@@ -325,34 +361,42 @@ def plot_curve(
     if any(p["items_per_s"] != p["requests_per_s"] for p in points):
         top.plot(x, [p["items_per_s"] for p in points], "s--", color="#17becf", label="items/s")
     if offered_line:
-        top.plot(x, x, ":", color="grey", label="offered")
+        top.plot(x, x, ":", color="grey", label="offered requests/s")
     for p in points:
+        stacked = 8
         if p.get("mean_batch") is not None:
             top.annotate(
                 f"batch {p['mean_batch']:.1f}",
                 (p["x"], p["items_per_s"]),
                 textcoords="offset points",
-                xytext=(0, 8),
+                xytext=(0, stacked),
                 ha="center",
                 fontsize=8,
                 color="#9467bd",
+                bbox=_LABEL_BOX,
             )
+            if p["items_per_s"] == p["requests_per_s"]:
+                stacked += 12
         if p.get("error_rate"):
             top.annotate(
                 f"{p['error_rate']:.0%} failed",
                 (p["x"], p["requests_per_s"]),
                 textcoords="offset points",
-                xytext=(0, -14),
+                xytext=(0, stacked),
                 ha="center",
                 fontsize=8,
                 color=_FAIL,
+                bbox=_LABEL_BOX,
             )
     top.set_ylabel("throughput (per second)")
     top.set_title(title)
-    top.legend(loc="upper left", fontsize=9)
+    top.legend(loc="upper left", fontsize=9, framealpha=0.9)
     top.grid(alpha=0.3)
-    highest = max([p["items_per_s"] for p in points] + [p["requests_per_s"] for p in points])
-    top.set_ylim(0, max(highest, 1e-9) * 1.15)
+    # Every line stays on the chart, the offered rate too, with room for the labels above.
+    highest = [p["items_per_s"] for p in points] + [p["requests_per_s"] for p in points]
+    if offered_line:
+        highest += [float(v) for v in x]
+    top.set_ylim(0, max(max(highest), 1e-9) * 1.25)
     bottom.plot(x, [_nan(p["p50_ms"]) for p in points], "o-", color=_P50, label="p50")
     bottom.plot(x, [_nan(p["p99_ms"]) for p in points], "o-", color=_P99, label="p99")
     if goal_ms is not None:
@@ -360,34 +404,96 @@ def plot_curve(
     shown = [v for p in points for v in (p["p50_ms"], p["p99_ms"]) if v]
     if shown and max(shown) / min(shown) > 10:
         bottom.set_yscale("log")
-        _plain_log_axis(bottom)
+        plain_log_axis(bottom, "y", shown + ([goal_ms] if goal_ms else []), length_in=2.8)
     else:
         bottom.set_ylim(bottom=0)
     bottom.set_ylabel("latency (ms)")
     bottom.set_xlabel(x_label)
-    bottom.legend(loc="upper left", fontsize=9)
-    bottom.grid(alpha=0.3, which="both")
+    bottom.legend(loc="upper left", fontsize=9, framealpha=0.9)
+    bottom.grid(alpha=0.3, which="major")
     if log2_x:
         bottom.set_xscale("log", base=2)
         bottom.set_xticks(x, [f"{v:g}" for v in x])
+        bottom.xaxis.set_minor_formatter(_null_formatter())
     fig.tight_layout()
     _save(fig, path)
 
 
-def _plain_log_axis(ax: Axes, which: str = "y") -> None:
-    # Log scale with tick labels written as plain numbers (20, 50, 100), not 2x10^1.
-    from matplotlib.ticker import FuncFormatter, LogLocator
+def _null_formatter() -> Any:
+    from matplotlib.ticker import NullFormatter
+
+    return NullFormatter()
+
+
+def plain_log_axis(
+    ax: Axes, which: str = "y", values: Sequence[float] | None = None, length_in: float = 4.0
+) -> None:
+    """A log-scaled axis labelled with plain numbers (20, 50, 100, not 2x10^1), and only as
+    many labels as fit: how many per decade depends on the decades the data spans (``values``,
+    else the axis's current limits) and on the axis's length in inches, so they never crowd."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     axis = ax.yaxis if which == "y" else ax.xaxis
-    low, high = ax.get_ylim() if which == "y" else ax.get_xlim()
-    decades = math.log10(high / low) if low > 0 and high > low else 3.0
-    # More labelled ticks on a short axis, fewer on a long one, so labels never crowd.
-    subs = (
-        (1.0, 2.0, 3.0, 5.0, 7.0) if decades < 1.5 else (1.0, 2.0, 5.0) if decades < 3 else (1.0,)
-    )
-    axis.set_major_locator(LogLocator(base=10, subs=subs))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+    finite = [v for v in values or () if v is not None and v > 0 and math.isfinite(v)]
+    if finite:
+        low, high = min(finite), max(finite)
+    else:
+        low, high = ax.get_ylim() if which == "y" else ax.get_xlim()
+    decades = max(math.log10(high / low), 0.3) if low > 0 and high > low else 3.0
+    # About one label per 0.45 inch (a y axis) or 0.7 inch (an x axis, whose labels are wide).
+    room = max(2, int(length_in / (0.45 if which == "y" else 0.7)))
+    per_decade = room / decades
+    subs: tuple[float, ...]
+    if per_decade >= 5:
+        subs = (1.0, 2.0, 3.0, 5.0, 7.0)
+    elif per_decade >= 3:
+        subs = (1.0, 2.0, 5.0)
+    elif per_decade >= 2:
+        subs = (1.0, 3.0)
+    else:
+        subs = (1.0,)
+    axis.set_major_locator(LogLocator(base=10, subs=subs, numticks=room + 2))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: _plain(v)))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _plain(value: float) -> str:
+    """A tick value as people write it: 0.5, 20, 300, 5000, 20000."""
+    if value >= 1:
+        return f"{value:,.0f}".replace(",", "")
+    return f"{value:g}"
+
+
+def _ms(value: float) -> str:
+    """A latency for a label: 3.2 ms, 87 ms, 4.8 s."""
+    if value >= 1000:
+        return f"{value / 1000:.3g} s"
+    return f"{value:.2g} ms" if value < 10 else f"{value:.0f} ms"
+
+
+def rolling_median(values: Sequence[float], k: int) -> list[float]:
+    """The median of each value's centred neighbourhood of ``k`` values (NaN ignored): the
+    trend of a noisy per-window series without its saw-tooth."""
+    import numpy as np
+
+    data = np.asarray(values, dtype=float)
+    half = k // 2
+    out: list[float] = []
+    for i in range(data.size):
+        part = data[max(0, i - half) : i + half + 1]
+        part = part[~np.isnan(part)]
+        out.append(float(np.median(part)) if part.size else math.nan)
+    return out
+
+
+def _smoothing(window: float, windows: int) -> int:
+    """How many windows to take the rolling median over: about 2 s (at least 3 windows), none
+    when the run has too few windows to show a trend."""
+    k = max(3, round(2.0 / window))
+    return k if windows >= 2 * k else 1
+
+
+_LABEL_BOX = {"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8}
 
 
 def _nan(value: float | None) -> float:
@@ -429,7 +535,7 @@ def plot_triton(path: Path, rows: Sequence[dict[str, Any]], title: str) -> None:
     p99s = [r["p99_ms"] for r in rows if r.get("p99_ms")]
     if p99s and max(p99s) / min(p99s) > 20:
         bottom.set_yscale("log")
-        _plain_log_axis(bottom)
+        plain_log_axis(bottom, "y", p99s, length_in=2.8)
     bottom.set_ylabel("p99 latency (ms)")
     bottom.set_xlabel("items per request")
     bottom.set_xticks(pos, [str(n) for n in sizes])
@@ -448,51 +554,97 @@ def plot_tune(
 ) -> None:
     """Throughput against p99 for each setting tried (one line through its concurrencies).
 
-    ``chosen_point`` (the recommendation's run, perhaps a confirming one) gets the star.
+    ``chosen_point`` (the recommendation's run, perhaps a confirming one) gets the star. The
+    legend goes under the chart, in columns, so that the chart keeps its width however many
+    settings were tried; the recommended one is drawn last, on top, in black.
     """
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(10, 6))
+    shown = [c for c in configs if any(p["p99_ms"] is not None for p in c["points"])]
+    columns = 3
+    rows = math.ceil((len(shown) + 1) / columns)
+    fig, ax = plt.subplots(figsize=(11, 6 + 0.22 * rows))
     cmap = plt.get_cmap("tab20")
-    for k, config in enumerate(configs):
+    chosen_config = None
+    for k, config in enumerate(shown):
         points = [p for p in config["points"] if p["p99_ms"] is not None]
-        if not points:
+        if config["name"] == best:
+            chosen_config = (config, points)
             continue
-        chosen = config["name"] == best
         ax.plot(
             [p["p99_ms"] for p in points],
             [p["items_per_s"] for p in points],
             "o-",
-            color="black" if chosen else cmap(k % 20),
-            lw=2.5 if chosen else 1,
-            ms=4,
-            alpha=1 if chosen else 0.75,
-            label=("recommended: " if chosen else "") + config["name"],
+            color=cmap(k % 20),
+            lw=1,
+            ms=3.5,
+            alpha=0.7,
+            label=_setting_label(config),
         )
-        bp = chosen_point or config.get("best_point")
-        if chosen and bp:
-            ax.plot([bp["p99_ms"]], [bp["items_per_s"]], "*", color="gold", ms=18, mec="black")
-            ax.annotate(
-                f"recommended: {bp['items_per_s']:.0f} items/s at {bp['concurrency']} clients",
-                (bp["p99_ms"], bp["items_per_s"]),
-                textcoords="offset points",
-                xytext=(12, -22),
-                fontsize=9,
-                bbox={"boxstyle": "round", "fc": "white", "alpha": 0.9},
-            )
-    ax.axvline(goal_ms, color=_FAIL, ls="--", label=f"goal p99 <= {goal_ms:g} ms")
-    ax.axvspan(
-        goal_ms,
-        ax.get_xlim()[1] if ax.get_xlim()[1] > goal_ms else goal_ms * 2,
-        color=_FAIL,
-        alpha=0.06,
-    )
+    values = [p["p99_ms"] for c in shown for p in c["points"] if p["p99_ms"] is not None]
+    if chosen_config is not None:
+        config, points = chosen_config
+        ax.plot(
+            [p["p99_ms"] for p in points],
+            [p["items_per_s"] for p in points],
+            "o-",
+            color="black",
+            lw=2.5,
+            ms=4,
+            label="recommended: " + _setting_label(config),
+            zorder=5,
+        )
+    ax.axvline(goal_ms, color=_FAIL, ls="--", label=f"goal: p99 <= {goal_ms:g} ms")
+    high = max([*values, goal_ms]) * 1.5
+    ax.axvspan(goal_ms, high, color=_FAIL, alpha=0.06)
     ax.set_xscale("log")
-    _plain_log_axis(ax, "x")
+    ax.set_xlim(min([*values, goal_ms]) / 1.3, high)
+    plain_log_axis(ax, "x", [*values, goal_ms], length_in=9.0)
     ax.set_xlabel("p99 latency (ms)")
     ax.set_ylabel("throughput (items/s)")
-    ax.set_title("tune: throughput vs p99 per setting (points = concurrency 1, 2, 4, ...)")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.set_title("tune: throughput vs p99 per setting (points: 1, 2, 4, ... clients)")
+    ax.set_ylim(
+        bottom=0, top=max([p["items_per_s"] for c in shown for p in c["points"]] + [1]) * 1.15
+    )
+    ax.grid(alpha=0.3, which="major")
+    bp = chosen_point or (chosen_config[0].get("best_point") if chosen_config else None)
+    if chosen_config is not None and bp:
+        ax.plot(
+            [bp["p99_ms"]], [bp["items_per_s"]], "*", color="gold", ms=18, mec="black", zorder=6
+        )
+        # The label goes toward the middle of the chart, so it is never cut at an edge.
+        x_frac = ax.transAxes.inverted().transform(ax.transData.transform((bp["p99_ms"], 0)))[0]
+        right = x_frac < 0.6
+        ax.annotate(
+            f"recommended: {bp['items_per_s']:.0f} items/s\nat {bp['concurrency']} clients, "
+            f"p99 {_ms(bp['p99_ms'])}",
+            (bp["p99_ms"], bp["items_per_s"]),
+            textcoords="offset points",
+            xytext=(14 if right else -14, -16),
+            ha="left" if right else "right",
+            va="top",
+            fontsize=9,
+            bbox={"boxstyle": "round", "fc": "white", "alpha": 0.9},
+            zorder=7,
+        )
+    ax.legend(
+        fontsize=8,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.1),
+        ncol=columns,
+        frameon=False,
+    )
     fig.tight_layout()
     _save(fig, path)
+
+
+def _setting_label(config: dict[str, Any]) -> str:
+    """A setting as a short legend entry: ``batch 32, delay 2 ms, 2 instances``."""
+    setting = config.get("setting") or {}
+    try:
+        instances = int(setting["instances"])
+        return (
+            f"batch {setting['max_batch_size']}, delay {setting['max_queue_delay_ms']:g} ms, "
+            f"{instances} instance{'s' if instances != 1 else ''}"
+        )
+    except (KeyError, TypeError, ValueError):
+        return str(config["name"])

@@ -1,7 +1,8 @@
 """Start and stop a server process on 127.0.0.1 for the experiments that compare settings.
 
-The command is a template (default ``{python} server.py``) run from ``cwd``; the tool
-appends ``--host 127.0.0.1 --port P`` and the setting's flags. Readiness is the server's
+The command is a template (default ``{python} {server}``: this interpreter and this project's
+``server.py``, wherever the tool is run from) run from ``cwd``; the tool appends
+``--host 127.0.0.1 --port P`` and the setting's flags. Readiness is the server's
 ``GET /v2/health/ready`` answering 200; the process's output goes to a log file so a failed
 start can be explained.
 """
@@ -21,9 +22,28 @@ from types import TracebackType
 
 import httpx
 
-__all__ = ["ServerProcess", "ServerStartError", "free_port"]
+__all__ = [
+    "DEFAULT_COMMAND",
+    "SERVER_SCRIPT",
+    "ServerProcess",
+    "ServerStartError",
+    "command_argv",
+    "free_port",
+]
 
-DEFAULT_COMMAND = "{python} server.py"
+#: The project's ``server.py``: beside this package in a clone (and in an editable install),
+#: and in ``site-packages`` beside it in a regular install (``py-modules = ["server"]``).
+SERVER_SCRIPT = Path(__file__).resolve().parent.parent / "server.py"
+
+#: ``{python}`` is this interpreter, ``{server}`` :data:`SERVER_SCRIPT`: the command works from
+#: any directory, and the server still finds a ``--model package.module:Name`` from ``cwd``.
+DEFAULT_COMMAND = "{python} {server}"
+
+
+def command_argv(command: str) -> list[str]:
+    """``command`` with ``{python}`` and ``{server}`` filled in, split as a shell would."""
+    filled = command.replace("{python}", shlex.quote(sys.executable))
+    return shlex.split(filled.replace("{server}", shlex.quote(str(SERVER_SCRIPT))))
 
 
 class ServerStartError(RuntimeError):
@@ -59,7 +79,7 @@ class ServerProcess:
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        base = shlex.split(command.replace("{python}", shlex.quote(sys.executable)))
+        base = command_argv(command)
         self.argv = [*base, "--host", "127.0.0.1", "--port", str(self.port), *args]
         self.cwd = cwd
         self.log_path = log_path

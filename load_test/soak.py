@@ -34,7 +34,7 @@ from typing import Any
 
 import psutil
 
-__all__ = ["KINDS", "Mix", "SoakResult", "plot_soak", "run_soak"]
+__all__ = ["KINDS", "Mix", "SoakResult", "mix_title", "plot_soak", "run_soak"]
 
 KINDS = ("small", "big", "mixed", "retry", "polite", "slow", "idle")
 #: The kinds that send requests (and so have answers, goodput and latency).
@@ -383,39 +383,57 @@ def plot_soak(path: Path, windows: Sequence[dict[str, Any]], title: str = "soak"
     """Four panels over time: RSS, file descriptors, goodput per kind, p99 per kind."""
     import matplotlib
 
+    from load_test.report import plain_log_axis
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     t = [w["end"] for w in windows]
-    fig, axes = plt.subplots(4, 1, figsize=(9, 11), sharex=True)
+    fig, axes = plt.subplots(4, 1, figsize=(9, 11), sharex=True, layout="constrained")
     axes[0].plot(t, [w.get("rss_mb") or math.nan for w in windows], marker=".")
     axes[0].set_ylabel("RSS, process tree (MB)")
     axes[1].plot(t, [w.get("fds") or math.nan for w in windows], marker=".", label="server fds")
     axes[1].plot(t, [w["slow_connections"] for w in windows], label="slow/idle connections")
     axes[1].set_ylabel("count")
-    axes[1].legend(loc="upper left")
+    axes[1].set_ylim(bottom=0)
     kinds = sorted({kind for w in windows for kind in w["kinds"]})
+    p99s: list[float] = []
     for kind in kinds:
         axes[2].plot(
             t, [w["kinds"].get(kind, {}).get("ok_per_s", math.nan) for w in windows], label=kind
         )
-        axes[3].plot(
-            t,
-            [w["kinds"].get(kind, {}).get("p99_ms") or math.nan for w in windows],
-            label=kind,
-        )
+        p99 = [w["kinds"].get(kind, {}).get("p99_ms") or math.nan for w in windows]
+        p99s += [v for v in p99 if not math.isnan(v)]
+        axes[3].plot(t, p99, label=kind)
     axes[2].plot(t, [w["goodput_per_s"] for w in windows], "k--", label="all")
     axes[2].set_ylabel("200 answers/s")
-    axes[2].legend(loc="upper left")
+    axes[2].set_ylim(bottom=0)
     axes[3].set_ylabel("p99 of 200s (ms)")
     axes[3].set_yscale("log")
+    plain_log_axis(axes[3], "y", p99s, length_in=2.2)
     axes[3].set_xlabel("seconds")
-    if kinds:
-        axes[3].legend(loc="upper left")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    # Beside the panels, not over their lines.
+    for ax in axes[1:] if kinds else axes[1:3]:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=9, frameon=False)
     fig.suptitle(title)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+def mix_title(counts: dict[str, int], duration_s: float | None = None) -> str:
+    """``soak: 16 small, 1 big, 64 retry clients; 500 slow, 500 idle connections, 600 s``."""
+    clients = [f"{n} {kind}" for kind, n in counts.items() if n and kind not in ("slow", "idle")]
+    connections = [f"{counts[kind]} {kind}" for kind in ("slow", "idle") if counts.get(kind)]
+    parts = []
+    if clients:
+        parts.append(", ".join(clients) + " clients")
+    if connections:
+        parts.append(", ".join(connections) + " connections")
+    title = "soak: " + "; ".join(parts or ["no clients"])
+    return title + (f", {duration_s:g} s" if duration_s else "")
 
 
 # ---------------------------------------------------------------------------- command line
@@ -496,6 +514,10 @@ def cmd_soak(args: Any) -> int:
             )
             url, pid = server.url, server.pid
         else:
+            from load_test.client import Target
+            from load_test.reach import check_reachable
+
+            check_reachable(Target.parse(args.url))
             url, pid = args.url, args.server_pid
         print(f"soak: {url} for {args.duration:.0f} s, clients {mix.counts()}", flush=True)
         result = run_soak(
@@ -520,7 +542,7 @@ def cmd_soak(args: Any) -> int:
     print(json.dumps(doc["summary"], indent=2))
     files = [str(out / "soak.json")]
     if not args.no_plots and result.windows:
-        plot_soak(out / "soak.png", result.windows, f"soak: {mix.counts()}")
+        plot_soak(out / "soak.png", result.windows, mix_title(mix.counts(), args.duration))
         files.append(str(out / "soak.png"))
     print(f"files: {', '.join(files)}")
     return 0

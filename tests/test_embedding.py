@@ -8,7 +8,10 @@ import contextlib
 import gc
 import logging
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -23,6 +26,7 @@ from tests.support.asgi import serving
 pytestmark = pytest.mark.anyio
 
 ECHO = "tests.support.models:EchoModel"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextlib.contextmanager
@@ -85,3 +89,59 @@ def test_the_server_sets_its_environment_defaults_when_imported() -> None:
     # server.py is imported above, so its defaults are in place for the model libraries.
     assert os.environ["HF_HUB_OFFLINE"] == "1"
     assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+
+
+EMBEDDED_HOST = """
+import asyncio, contextlib, logging, sys
+{configure}
+from asgi_lifespan import LifespanManager
+from fastapi import FastAPI
+import httpx
+from batching import ModelConfig, create_app
+
+inference = create_app(ModelConfig(name="echo", source="tests.support.models:EchoModel"))
+
+@contextlib.asynccontextmanager
+async def lifespan(app):
+    async with inference.router.lifespan_context(inference):
+        yield
+
+app = FastAPI(lifespan=lifespan)
+app.mount("/ml", inference)
+
+async def main():
+    async with LifespanManager(app) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://host") as client:
+            for _ in range(2000):
+                if (await client.get("/ml/v2/health/ready")).status_code == 200:
+                    return
+                await asyncio.sleep(0.005)
+    sys.exit("never ready")
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("configured", [True, False])
+def test_an_embedded_app_logs_only_once_the_host_configures_logging_as_the_readme_shows(
+    configured: bool,
+) -> None:
+    configure = "logging.basicConfig(level=logging.INFO)" if configured else ""
+    done = subprocess.run(
+        [sys.executable, "-c", EMBEDDED_HOST.format(configure=configure)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    expected = [
+        "INFO:batching:loading model echo on cpu (instance 1/1)...",
+        "INFO:batching:ready: serving echo",
+    ]
+    if configured:
+        assert all(line in lines for line in expected), lines
+    else:
+        assert not any("batching" in line for line in lines), lines

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import logging
 import logging.config
 import re
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -68,7 +70,10 @@ def test_configure_logging_json_sends_one_object_per_line_to_stderr_at_its_level
     logging.getLogger("batching").info("serving")
     (debug, info) = json_lines(capsys.readouterr().err)
     assert set(debug) == {"time", "level", "logger", "message"}
-    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", debug["time"])
+    # ISO 8601 with milliseconds and the UTC offset, as Python itself parses it.
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d", debug["time"])
+    stamped = dt.datetime.fromisoformat(debug["time"])
+    assert abs(stamped.timestamp() - time.time()) < 60 and stamped.utcoffset() is not None
     assert (debug["level"], debug["logger"], debug["message"]) == (
         "debug",
         "batching.deployment",

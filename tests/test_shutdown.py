@@ -86,3 +86,75 @@ async def test_sigterm_finishes_every_accepted_request_and_exits_in_bounded_time
         assert process.stdout is not None
         output = (await process.stdout.read()).decode()
     assert "Traceback" not in output, output
+
+
+async def test_during_the_drain_readiness_answers_503_until_the_listener_closes() -> None:
+    port = free_port()
+    # One batch takes 1.5 s: the drain lasts as long as it runs.
+    env = {**os.environ, "COST_MODEL_A_MS": "1500", "COST_MODEL_B_MS": "0"}
+    process = await asyncio.create_subprocess_exec(
+        *[
+            sys.executable,
+            "server.py",
+            "--model",
+            "tests.support.models:CostModel",
+            "--port",
+            str(port),
+            "--grpc-port",
+            "0",
+            "--shutdown-timeout-s",
+            "20",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            for _ in range(1500):
+                try:
+                    if (await client.get("/v2/health/ready")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                await asyncio.sleep(0.02)  # polling a subprocess's readiness, with a deadline
+            else:
+                raise AssertionError("server never became ready")
+            accepted = asyncio.ensure_future(client.post("/", content=b"accepted"))
+            for _ in range(500):
+                metrics = (await client.get("/metrics")).text
+                if sample(metrics, "batching_inflight_items", 0.0, model="CostModel") >= 1:
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError("the accepted request never started running")
+            process.send_signal(signal.SIGTERM)
+            # Probes on fresh connections, as a load balancer's: 200 until the signal is
+            # handled, then 503 with a JSON body; never a refused connection while the
+            # accepted request runs.
+            probes: list[int] = []
+            async with httpx.AsyncClient(base_url=url, timeout=5) as prober:
+                while not accepted.done():
+                    probe = await prober.get("/v2/health/ready", headers={"connection": "close"})
+                    probes.append(probe.status_code)
+                    if probe.status_code == 503:
+                        assert probe.json() == {"ready": False}
+                        refused = await prober.post("/", content=b"new work")
+                        assert refused.status_code == 503
+                        assert "shutting down" in refused.json()["error"]
+                        break
+                    await asyncio.sleep(0.01)
+            answered = await accepted
+        assert probes and probes[-1] == 503 and set(probes) <= {200, 503}, probes
+        assert answered.status_code == 200 and answered.json()["outputs"][0]["input"] == "accepted"
+        assert await asyncio.wait_for(process.wait(), 25) in (0, -signal.SIGTERM)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        assert process.stdout is not None
+        output = (await process.stdout.read()).decode()
+    assert "Traceback" not in output, output
+    assert "draining: not ready" in output

@@ -122,7 +122,8 @@ async def test_the_config_is_a_triton_model_config(server_url: str) -> None:
     assert config["instance_group"] == [
         {"name": "vectors_0", "count": 2, "kind": "KIND_CPU", "gpus": []}
     ]
-    assert (config["platform"], config["backend"]) == ("pytorch", "batching")
+    # VectorModel is a class of the user's own: platform python.
+    assert (config["platform"], config["backend"]) == ("python", "batching")
     assert config["version_policy"] == {"specific": {"versions": [1]}}
     assert config["model_transaction_policy"] == {"decoupled": False}
     parameters = config["parameters"]

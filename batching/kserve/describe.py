@@ -97,7 +97,9 @@ def _tensors(deployment: Deployment, kind: str) -> list[tuple[str, str, list[int
 
 
 def _platform(deployment: Deployment) -> str:
-    return str(deployment.metadata.get("platform", "pytorch"))
+    """What runs the model: its metadata's ``platform``, else ``pytorch`` for the packaged
+    transformers-backed models and ``python`` for your own class."""
+    return str(deployment.metadata.get("platform") or deployment.platform)
 
 
 def model_metadata(deployment: Deployment) -> dict[str, Any]:

@@ -4,6 +4,7 @@ one blocking thread at a lower CPU priority, and a timed call into the model."""
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import os
 import threading
 import time
@@ -13,7 +14,7 @@ from typing import Any, Protocol
 from batching.core.jobs import InstanceLost, Outputs
 from batching.models.protocol import Model
 
-from .warmup import InstanceInfo, WarmupPlan
+from .warmup import InstanceInfo, Loaded, WarmupPlan
 
 __all__ = [
     "MODEL_NICENESS",
@@ -24,6 +25,8 @@ __all__ = [
     "predict_timed",
     "yield_cpu_to_the_server",
 ]
+
+logger = logging.getLogger("batching")
 
 #: Builds a fresh, unloaded model object. Called once per instance (re)start; for process
 #: instances it is pickled into the child, so it must be picklable.
@@ -104,3 +107,12 @@ class InstanceBase:
         )
         #: Orders start against close, for kinds whose start creates something to close.
         self._lock = threading.Lock()
+
+    def report_loaded(self, loaded: Loaded) -> None:
+        """Log that the model is loaded and the warm-up starts (from the instance's thread)."""
+        logger.info(
+            "instance %s loaded in %.1f s; warming up (%d batches)...",
+            self.name,
+            loaded.load_s,
+            loaded.warmup_batches,
+        )

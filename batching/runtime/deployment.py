@@ -122,6 +122,9 @@ class Deployment:
         self.batcher = Batcher(config.name, config.batching, make_policy(config), events)
         self.batcher.instances = len(config.devices)
         self.metadata: dict[str, Any] = {}
+        #: What runs the model (the v2 metadata's ``platform``): what its metadata says once
+        #: loaded; until then ``python`` for your own class, ``pytorch`` for the others.
+        self.platform = "python" if config.model_source.kind == "class" else "pytorch"
         self.load_error: str | None = None
         self.warmup_s: list[float] = []
         self._factory = factory
@@ -206,6 +209,13 @@ class Deployment:
                     if self.config.batching.max_batch_tokens and self.count_tokens is None:
                         self.count_tokens = await asyncio.to_thread(self._token_counter)
                     started = time.perf_counter()
+                    logger.info(
+                        "loading model %s on %s (instance %d/%d)...",
+                        self.name,
+                        device,
+                        index + 1,
+                        len(self.config.devices),
+                    )
                     info = await instance.start(self.config.batching.max_batch_size)
             except asyncio.CancelledError:
                 instance.close()
@@ -218,24 +228,26 @@ class Deployment:
                     self._on_load_failure(self, index, self.load_error)
                 return
             self.metadata = self.metadata or info.metadata
+            self.platform = info.platform
             self.warmup_s.append(info.warmup_s)
             logger.info(
-                "model %s instance %d ready on %s (%s): load %.2fs, warm-up %.2fs "
-                "(%d batches), %.2fs in all",
+                "model %s instance %d warm in %.1f s, ready on %s (%s): load %.2fs, "
+                "warm-up %.2fs (%d batches)",
                 self.name,
                 index,
+                time.perf_counter() - started,
                 device,
                 instance.kind,
                 info.load_s,
                 info.warmup_s,
                 info.warmup_batches,
-                time.perf_counter() - started,
             )
-            if self._on_ready is not None:
-                self._on_ready(self, index, info)
+            # Ready before on_ready is told, so that it sees this instance serving.
             self.batcher.ready_instances += 1
             serving_since = self._clock()
             try:
+                if self._on_ready is not None:
+                    self._on_ready(self, index, info)
                 await self.batcher.serve(instance.run)
             except InstanceLost as exc:
                 logger.error("model %s instance %d died (%s); restarting", self.name, index, exc)
@@ -246,15 +258,20 @@ class Deployment:
                 return  # shutting down: nothing to restart for
             await asyncio.sleep(backoff.after_death(serving_since, self._clock()))
 
-    async def stop(self, grace: float) -> None:
-        """Refuse new requests, serve what was accepted for up to ``grace`` seconds, then
-        fail the rest with 503 and stop the instances."""
+    async def drain(self, grace: float) -> None:
+        """Refuse new requests (503, and not ready) and wait up to ``grace`` seconds for what
+        was accepted to be served; the instances keep running."""
         self.batcher.drain()
         deadline = time.monotonic() + grace
         while not self.batcher.idle and time.monotonic() < deadline:
             if self.batcher.ready_instances == 0:
                 break
             await asyncio.sleep(0.01)
+
+    async def stop(self, grace: float) -> None:
+        """Refuse new requests, serve what was accepted for up to ``grace`` seconds, then
+        fail the rest with 503 and stop the instances."""
+        await self.drain(grace)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

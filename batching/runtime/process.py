@@ -20,7 +20,7 @@ from typing import IO, Any, cast
 from batching.core.jobs import InstanceLost, Outputs
 
 from .base import InstanceBase, predict_timed, yield_cpu_to_the_server
-from .warmup import InstanceInfo, load_and_warm
+from .warmup import InstanceInfo, Loaded, load_and_warm
 
 __all__ = ["ProcessInstance"]
 
@@ -79,6 +79,9 @@ class ProcessInstance(InstanceBase):
             self._process = process
         self._send(setup, "before loading")
         reply = self._receive("while loading")
+        if isinstance(reply, Loaded):  # the model is loaded; the warm-up runs next
+            self.report_loaded(reply)
+            reply = self._receive("while warming up")
         assert isinstance(reply, InstanceInfo)
         return reply
 
@@ -208,9 +211,15 @@ def _child_main() -> None:
         factory, device, index, warmup, max_batch_size = pickle.loads(_read_frame(requests))
     except EOFError:
         return
+
+    def loaded(progress: Loaded) -> None:
+        _reply(replies, ("ok", progress))
+
     try:
         model = factory()
-        info = load_and_warm(model, device, max_batch_size, index=index, warmup=warmup)
+        info = load_and_warm(
+            model, device, max_batch_size, index=index, warmup=warmup, on_loaded=loaded
+        )
     except BaseException as exc:  # noqa: B036
         _reply_error(replies, exc)
         return

@@ -37,7 +37,12 @@ class ThreadInstance(InstanceBase):
     def _load(self, max_batch_size: int) -> InstanceInfo:
         model = self._factory()
         info = load_and_warm(
-            model, self.device, max_batch_size, index=self.index, warmup=self._warmup
+            model,
+            self.device,
+            max_batch_size,
+            index=self.index,
+            warmup=self._warmup,
+            on_loaded=self.report_loaded,
         )
         self._model = model
         return info

@@ -6,6 +6,7 @@ import json
 import random
 import string
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import cycle, islice
 from typing import Any
@@ -13,7 +14,14 @@ from typing import Any
 from batching.config import ModelConfig
 from batching.models.protocol import Model, hooks_of, load_model
 
-__all__ = ["InstanceInfo", "WarmupPlan", "load_and_warm", "warmup_inputs_for"]
+__all__ = [
+    "InstanceInfo",
+    "Loaded",
+    "WarmupPlan",
+    "load_and_warm",
+    "platform_of",
+    "warmup_inputs_for",
+]
 
 #: Words in a generated text when the model does not say how long its inputs may be.
 DEFAULT_WARMUP_WORDS = 128
@@ -32,6 +40,25 @@ class InstanceInfo:
     warmup_s: float
     warmup_batches: int
     metadata: dict[str, Any]
+    #: What runs the model, as the v2 metadata's ``platform`` says (:func:`platform_of`).
+    platform: str = "python"
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """Told while an instance starts: its model is loaded, and its warm-up comes next."""
+
+    load_s: float
+    warmup_batches: int
+
+
+def platform_of(model: object, metadata: dict[str, Any]) -> str:
+    """The v2 ``platform`` of ``model``: what its metadata says, else ``pytorch`` for the
+    transformers-backed models of :mod:`batching.models`, else ``python`` (your own class)."""
+    declared = metadata.get("platform")
+    if isinstance(declared, str) and declared:
+        return declared
+    return "pytorch" if type(model).__module__.startswith("batching.models.") else "python"
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +194,7 @@ def load_and_warm(
     *,
     index: int = 0,
     warmup: WarmupPlan | None = None,
+    on_loaded: Callable[[Loaded], None] | None = None,
 ) -> InstanceInfo:
     """Load ``model`` on ``device`` and run its warm-up batches; on the instance's thread
     (or in its process).
@@ -174,6 +202,8 @@ def load_and_warm(
     :param index: the instance's position in its model's device list, passed to a ``load``
         that declares ``instance_index``.
     :param warmup: which batches to run; the model's own samples by default.
+    :param on_loaded: told once the model is loaded, before the warm-up starts (progress for
+        the start-up log: loading and warming a real model takes seconds each).
     :raises RuntimeError: when a warm-up batch fails (the instance must not report ready);
         the message names the batch, its size and the data it was made of.
     """
@@ -187,6 +217,8 @@ def load_and_warm(
         raise
     except Exception as exc:
         raise RuntimeError(f"making the warm-up inputs ({plan.data} data) failed: {exc!r}") from exc
+    if on_loaded is not None:
+        on_loaded(Loaded(loaded - started, len(batches)))
     for number, batch in enumerate(batches, 1):
         where = f"warm-up batch {number} of {len(batches)} (size {len(batch)}, {plan.data} data)"
         try:
@@ -198,4 +230,6 @@ def load_and_warm(
     warmed = time.perf_counter()
     describe = hooks_of(model).metadata
     metadata = dict(describe()) if describe is not None else {}
-    return InstanceInfo(loaded - started, warmed - loaded, len(batches), metadata)
+    return InstanceInfo(
+        loaded - started, warmed - loaded, len(batches), metadata, platform_of(model, metadata)
+    )
