@@ -1,0 +1,138 @@
+"""How many threads a batch runs on, learned from the batches themselves.
+
+A thread team as large as the CPU budget is fastest on quiet cores. Beside other work (a
+process that keeps one of two cores busy, the event loop answering a burst), it is the
+slowest choice there is: every barrier waits for the thread the scheduler parked, and batches
+take ten times as long. One thread barely notices. Which is faster depends on what else runs,
+which changes while the server runs, so the :class:`ThreadGovernor` measures it: it runs each
+batch on the thread count that has been cheapest for batches of that size, and now and then
+tries another one on a real batch. A try that turns out cheaper switches at once; one that
+does not waits twice as long before the next, so on a machine whose answer does not change
+the tries cost almost nothing.
+
+Cost is seconds per token (the batch's items times its padded length), compared only between
+batches of similar size (a power-of-two bucket), since a batch of one costs more per token
+than a batch of 32 whatever the threads. Pure arithmetic: the clock is the caller's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = [
+    "FIRST_INTERVAL",
+    "LAST_INTERVAL",
+    "MARGIN",
+    "ThreadGovernor",
+    "thread_choices",
+]
+
+#: Batches between two tries, at first and after a try that switched.
+FIRST_INTERVAL = 8
+#: The longest gap between two tries (it doubles after each try that did not switch): the
+#: cost of trying a slow choice is at most one batch in this many.
+LAST_INTERVAL = 256
+#: A choice must be this much cheaper to replace the current one.
+MARGIN = 0.1
+#: Weight of the newest batch in a choice's smoothed cost.
+SMOOTHING = 0.3
+
+
+def thread_choices(budget: int) -> tuple[int, ...]:
+    """The thread counts worth trying on ``budget`` cores: all of them, half, and one."""
+    return tuple(sorted({max(1, budget), max(1, budget // 2), 1}, reverse=True))
+
+
+@dataclass(slots=True)
+class _Bucket:
+    current: int
+    costs: dict[int, float] = field(default_factory=dict)
+    since_try: int = 0
+    interval: int = FIRST_INTERVAL
+    next_try: int = 0  # index into the choices, for taking turns
+
+
+class ThreadGovernor:
+    """Picks the thread count of each batch and learns from how long it took.
+
+    :param choices: thread counts, largest first (the first is where every size starts).
+    """
+
+    def __init__(self, choices: tuple[int, ...]) -> None:
+        if not choices or any(count < 1 for count in choices):
+            raise ValueError(f"thread choices must be positive, not {choices}")
+        self.choices = choices
+        self._buckets: dict[int, _Bucket] = {}
+
+    @property
+    def adaptive(self) -> bool:
+        return len(self.choices) > 1
+
+    def pick(self, items: int) -> int:
+        """The thread count for a batch of ``items`` items."""
+        bucket = self._bucket(items)
+        if not self.adaptive:
+            return bucket.current
+        for count in self.choices:  # each choice is measured once before any is preferred
+            if count not in bucket.costs:
+                return count
+        if bucket.since_try >= bucket.interval:
+            return self._other(bucket)
+        return bucket.current
+
+    def observe(self, items: int, tokens: int, threads: int, seconds: float) -> None:
+        """A batch of ``items`` items and ``tokens`` tokens took ``seconds`` on ``threads``."""
+        if tokens <= 0 or seconds <= 0 or threads not in self.choices:
+            return
+        bucket = self._bucket(items)
+        cost = seconds / tokens
+        if threads == bucket.current:
+            previous = bucket.costs.get(threads)
+            bucket.costs[threads] = (
+                cost if previous is None else previous + SMOOTHING * (cost - previous)
+            )
+            bucket.since_try += 1
+            best = min(bucket.costs.values())
+            if bucket.costs[threads] * (1 - MARGIN) > best:
+                # The current choice got dearer than another was when last tried: try again soon.
+                bucket.since_try = max(bucket.since_try, bucket.interval)
+            return
+        # A try (or a first measurement): what this choice costs now replaces what it cost
+        # when last tried, which may be long ago and under other load.
+        bucket.costs[threads] = cost
+        bucket.since_try = 0
+        if bucket.costs[threads] < bucket.costs.get(bucket.current, float("inf")) * (1 - MARGIN):
+            bucket.current = threads
+            bucket.interval = FIRST_INTERVAL
+        elif len(bucket.costs) == len(self.choices):
+            bucket.interval = min(LAST_INTERVAL, bucket.interval * 2)
+
+    def current(self, items: int) -> int:
+        """The thread count batches of ``items`` items run on between tries."""
+        return self._bucket(items).current
+
+    def describe(self) -> dict[str, object]:
+        """Per size bucket (largest batch size in it): the current choice and the smoothed
+        cost of each choice in microseconds per token."""
+        return {
+            f"<={(1 << key) - 1}": {
+                "threads": bucket.current,
+                "us_per_token": {
+                    str(count): round(cost * 1e6, 2) for count, cost in bucket.costs.items()
+                },
+            }
+            for key, bucket in sorted(self._buckets.items())
+        }
+
+    def _bucket(self, items: int) -> _Bucket:
+        key = max(1, items).bit_length()
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket(current=self.choices[0])
+        return bucket
+
+    def _other(self, bucket: _Bucket) -> int:
+        others = [count for count in self.choices if count != bucket.current]
+        count = others[bucket.next_try % len(others)]
+        bucket.next_try += 1
+        return count

@@ -1,0 +1,88 @@
+"""The thread governor: which thread count each batch runs on, from injected batch times."""
+
+from __future__ import annotations
+
+import pytest
+
+from batching.models.engines.governor import (
+    FIRST_INTERVAL,
+    LAST_INTERVAL,
+    ThreadGovernor,
+    thread_choices,
+)
+
+TOKENS = 32 * 12
+
+
+def run(
+    governor: ThreadGovernor, batches: int, cost: dict[int, float], items: int = 32
+) -> list[int]:
+    """``batches`` batches whose seconds per token on each thread count are ``cost``."""
+    picked = []
+    for _ in range(batches):
+        threads = governor.pick(items)
+        picked.append(threads)
+        governor.observe(items, TOKENS, threads, cost[threads] * TOKENS)
+    return picked
+
+
+def test_choices_are_the_budget_half_of_it_and_one() -> None:
+    assert thread_choices(2) == (2, 1)
+    assert thread_choices(8) == (8, 4, 1)
+    assert thread_choices(1) == (1,)
+
+
+def test_one_choice_is_never_tried_against_anything() -> None:
+    governor = ThreadGovernor((1,))
+    assert set(run(governor, 50, {1: 1.0})) == {1}
+
+
+def test_quiet_cores_keep_the_whole_team_and_tries_grow_rare() -> None:
+    governor = ThreadGovernor((2, 1))
+    picked = run(governor, 2000, {2: 1.0, 1: 1.7})
+    assert governor.current(32) == 2
+    tries = picked.count(1)
+    # Each failed try doubles the gap up to LAST_INTERVAL: a few dozen tries in 2,000 batches.
+    assert tries <= 2000 // LAST_INTERVAL + 8
+    assert picked[-LAST_INTERVAL:].count(1) <= 1
+
+
+def test_a_competing_process_moves_batches_to_one_thread_within_a_gap() -> None:
+    governor = ThreadGovernor((2, 1))
+    run(governor, 3000, {2: 1.0, 1: 1.7})  # quiet: the gap between tries is at its longest
+    picked = run(governor, 10, {2: 17.0, 1: 1.8})  # now one core is taken
+    # The dearer current choice triggers a try at once, not after the long gap.
+    assert picked[-1] == 1 and governor.current(32) == 1
+
+
+def test_when_the_competitor_leaves_the_team_comes_back() -> None:
+    governor = ThreadGovernor((2, 1))
+    run(governor, 200, {2: 17.0, 1: 1.8})
+    assert governor.current(32) == 1
+    picked = run(governor, LAST_INTERVAL + 2, {2: 1.0, 1: 1.7})
+    assert governor.current(32) == 2
+    assert picked[-1] == 2
+
+
+def test_sizes_are_judged_apart() -> None:
+    governor = ThreadGovernor((2, 1))
+    run(governor, 100, {2: 1.0, 1: 1.7}, items=32)
+    run(governor, 100, {2: 3.0, 1: 1.0}, items=1)
+    assert governor.current(32) == 2 and governor.current(1) == 1
+    described = governor.describe()
+    assert described["<=1"]["threads"] == 1 and described["<=63"]["threads"] == 2
+
+
+def test_a_slow_first_batch_does_not_stick() -> None:
+    governor = ThreadGovernor((2, 1))
+    # The first call pays for lazy initialisation: ten times its real cost.
+    governor.observe(32, TOKENS, governor.pick(32), 10.0 * TOKENS)
+    picked = run(governor, 4 * FIRST_INTERVAL + 40, {2: 1.0, 1: 1.7})
+    assert governor.current(32) == 2 and picked[-1] == 2
+
+
+def test_bad_choices_are_refused() -> None:
+    with pytest.raises(ValueError):
+        ThreadGovernor(())
+    with pytest.raises(ValueError):
+        ThreadGovernor((2, 0))
