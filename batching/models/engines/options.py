@@ -91,11 +91,6 @@ class EngineOptions:
     def cache_path(self) -> Path:
         return Path(self.cache_dir) if self.cache_dir else default_cache_dir()
 
-    @property
-    def pinned_torch(self) -> bool:
-        """Torch fp32 asked for outright: nothing to export, check or measure."""
-        return self.engine == "torch" and self.precision in ("fp32",)
-
 
 def check_engine_settings(
     engine: str, precision: str, *, task: str | None, custom: bool, devices: Sequence[str]
