@@ -33,6 +33,7 @@ from starlette.applications import Starlette  # noqa: E402
 from batching.app import create_app  # noqa: E402
 from batching.http.connections import protocol_class  # noqa: E402
 from batching.logs import configure_logging, uvicorn_log_config  # noqa: E402
+from batching.models.engines.options import ADAPTIVE_THREADS_VARIABLE  # noqa: E402
 from batching.runtime.allocator import tune_malloc  # noqa: E402
 from batching.runtime.deployment import Deployment  # noqa: E402
 from batching.runtime.warmup import InstanceInfo  # noqa: E402
@@ -65,6 +66,8 @@ def build(
     # instances inherit them. Each instance's thread team then fits its share of the cores.
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[variable] = str(settings.torch_threads)
+    # A fixed count is kept for every batch; otherwise the engines' thread governor adapts it.
+    os.environ[ADAPTIVE_THREADS_VARIABLE] = "1" if settings.adaptive_threads else "0"
     if settings.malloc == "auto":
         # Before any model loads; process instances inherit it through the environment.
         tune_malloc()

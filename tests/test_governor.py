@@ -86,3 +86,48 @@ def test_bad_choices_are_refused() -> None:
         ThreadGovernor(())
     with pytest.raises(ValueError):
         ThreadGovernor((2, 0))
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_plan_runs_each_batch_on_the_threads_its_governor_picks() -> None:
+    from batching.models.engines.decision import Decision, Route
+    from batching.models.engines.plan import EnginePlan
+
+    clock = FakeClock()
+    per_token = {2: 1.0, 1: 1.7}  # quiet cores
+    ran: list[int] = []
+
+    def build(name: str, count: int) -> object:
+        def run(inputs: dict[str, object]) -> str:
+            ran.append(count)
+            clock.now += per_token[count] * 32 * 12
+            return f"{name} on {count}"
+
+        return run
+
+    route = Route("torch", "fp32", 1, 32)
+    plan = EnginePlan(Decision((route,), "test"), {route.name: lambda inputs: "unused"})
+    plan.adapt_threads(ThreadGovernor((2, 1)), build, clock)  # type: ignore[arg-type]
+
+    class Ids:
+        shape = (32, 12)
+
+        def __len__(self) -> int:
+            return 32
+
+    batch = {"input_ids": Ids(), "attention_mask": Ids()}
+    for _ in range(300):
+        assert plan(batch).endswith(f"on {ran[-1]}")
+    assert ran[-50:].count(2) >= 49
+    per_token.update({2: 17.0, 1: 1.8})  # a competitor arrives
+    for _ in range(20):
+        plan(batch)
+    assert ran[-5:] == [1] * 5
+    assert plan.describe()["threads"]["by_batch_size"]["<=63"]["threads"] == 1

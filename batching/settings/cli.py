@@ -46,6 +46,9 @@ class ServerSettings:
     log_format: str
     #: Intra-op threads each model instance's torch may use.
     torch_threads: int
+    #: Whether each batch's thread count adapts (up to ``torch_threads``) to what runs beside
+    #: the server: true unless the count was fixed (``--torch-threads N``, ``OMP_NUM_THREADS``).
+    adaptive_threads: bool = True
     #: The cores this process may use, as found at start-up.
     cpu_budget: CpuBudget = field(default_factory=lambda: CpuBudget(affinity=1, quota=None))
     #: Timeouts and the cap of HTTP connections.
@@ -407,6 +410,7 @@ def parse_settings(
         log_level=str(args.log_level),
         log_format=str(args.log_format),
         torch_threads=threads,
+        adaptive_threads=asked == "auto",
         cpu_budget=budget,
         connections=connections,
         malloc=str(args.malloc),

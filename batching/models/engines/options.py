@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "ADAPTIVE_THREADS_VARIABLE",
     "ENGINES",
     "ENGINE_TASKS",
     "PRECISIONS",
@@ -45,6 +46,10 @@ _INSTALL: dict[str, str] = {
     "onnxruntime": "pip install onnxruntime onnx",
     "openvino": "pip install openvino onnx",
 }
+
+#: "0" runs every batch on the whole thread budget (server.py sets it when the count was fixed
+#: with --torch-threads N); anything else lets the thread governor adapt the count per batch.
+ADAPTIVE_THREADS_VARIABLE = "BATCHING_ADAPTIVE_THREADS"
 
 #: The environment variable that moves the engine cache (``--engine-cache``'s twin).
 CACHE_VARIABLE = "BATCHING_ENGINE_CACHE"

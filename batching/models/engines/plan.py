@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from .decision import Decision
+from .governor import ThreadGovernor
 
 __all__ = ["EnginePlan", "Runner"]
 
@@ -18,6 +20,10 @@ class EnginePlan:
     """The decision and the runners it keeps; called like a runner, it hands each batch to
     the variant its size is routed to.
 
+    With :meth:`adapt_threads`, each variant also has a runner per thread count, and a
+    :class:`~.governor.ThreadGovernor` picks which one runs each batch from how long the
+    batches took: the whole thread budget on quiet cores, fewer beside other work.
+
     :param reused: where the decision was read from the cache, if it was.
     """
 
@@ -29,15 +35,59 @@ class EnginePlan:
             raise ValueError(f"no runner for {', '.join(missing)}")
         self.decision = decision
         self.reused = reused
+        self.runners = dict(runners)
         self._runners = [(route.last, runners[route.name]) for route in decision.routes]
+        self._names = [route.name for route in decision.routes]
+        self.governor: ThreadGovernor | None = None
+        self._threaded: list[Mapping[int, Runner]] = []
+        self._clock: Callable[[], float] = time.perf_counter
+
+    def adapt_threads(
+        self,
+        governor: ThreadGovernor,
+        build: Callable[[str, int], Runner],
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        """Give every variant a runner per thread count of ``governor`` (``build(name, n)``)
+        and let the governor pick among them per batch, timed with ``clock``."""
+        self._threaded = [
+            {count: build(name, count) for count in governor.choices} for name in self._names
+        ]
+        self.governor = governor
+        self._clock = clock
 
     def __call__(self, inputs: Mapping[str, Any]) -> Any:
         size = len(next(iter(inputs.values())))
-        for last, runner in self._runners:
+        index = len(self._runners) - 1
+        for position, (last, _) in enumerate(self._runners):
             if size <= last:
-                return runner(inputs)
-        return self._runners[-1][1](inputs)
+                index = position
+                break
+        governor = self.governor
+        if governor is None:
+            return self._runners[index][1](inputs)
+        threads = governor.pick(size)
+        runner = self._threaded[index][threads]
+        started = self._clock()
+        output = runner(inputs)
+        governor.observe(size, _tokens(inputs, size), threads, self._clock() - started)
+        return output
 
     def describe(self) -> dict[str, Any]:
         """The choice and the figures behind it, for the model's metadata."""
-        return {**self.decision.to_json(), "reused_from_cache": self.reused is not None}
+        described = {**self.decision.to_json(), "reused_from_cache": self.reused is not None}
+        if self.governor is not None:
+            described["threads"] = {
+                "choices": list(self.governor.choices),
+                "by_batch_size": self.governor.describe(),
+            }
+        return described
+
+
+def _tokens(inputs: Mapping[str, Any], size: int) -> int:
+    """Items times padded length: what a batch's cost grows with."""
+    ids = inputs.get("input_ids")
+    shape = getattr(ids, "shape", None)
+    if shape is not None and len(shape) == 2:
+        return int(shape[0]) * int(shape[1])
+    return size

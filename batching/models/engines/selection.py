@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,8 +26,9 @@ from . import torch_engine
 from .accuracy import compare
 from .cache import EngineCache, ExportFailed
 from .decision import REFERENCE, Decision, Measurement, Route, decide, variant_name
+from .governor import ThreadGovernor, thread_choices
 from .measure import items_per_second, resident_mb
-from .options import EngineOptions, installed
+from .options import ADAPTIVE_THREADS_VARIABLE, EngineOptions, installed
 from .plan import EnginePlan, Runner
 
 __all__ = ["EngineJob", "candidates", "select_engine"]
@@ -107,7 +109,9 @@ def select_engine(job: EngineJob) -> EnginePlan:
         runner = torch_engine.TorchRunner(job.load_reference(), "fp32")
         route = Route("torch", "fp32", 1, max(options.batch_sizes))
         why = "asked for" if options.engine == "torch" else "the only variant for this task"
-        return EnginePlan(Decision((route,), why), {REFERENCE: runner})
+        only = EnginePlan(Decision((route,), why), {REFERENCE: runner})
+        _adapt_threads(only, job, None, {REFERENCE: runner})
+        return only
     started = time.perf_counter()
     cache = EngineCache(options.cache_path, job.folder, job.head)
     setup = {
@@ -123,6 +127,7 @@ def select_engine(job: EngineJob) -> EnginePlan:
         plan = _reuse(job, cache, setup)
         if plan is None:
             plan = _measure_and_decide(job, cache, variants, setup)
+        _adapt_threads(plan, job, cache, plan.runners)
     logger.info(
         "model %s: engine %s%s (%.1fs)",
         options.model_name,
@@ -160,8 +165,44 @@ def _reuse(job: EngineJob, cache: EngineCache, setup: dict[str, Any]) -> EngineP
     return EnginePlan(decision, runners, reused=str(cache.folder))
 
 
+def _adapt_threads(
+    plan: EnginePlan, job: EngineJob, cache: EngineCache | None, runners: dict[str, Runner]
+) -> None:
+    """Let the thread governor pick each batch's thread count, unless the count was fixed
+    (``--torch-threads N``), the budget is one thread, or the model runs on a GPU."""
+    budget = torch_engine.threads()
+    choices = thread_choices(budget)
+    fixed = os.environ.get(ADAPTIVE_THREADS_VARIABLE, "1") == "0"
+    if fixed or len(choices) < 2 or job.device.startswith("cuda"):
+        return
+    routes = {route.name: route for route in plan.decision.routes}
+
+    def build(name: str, count: int) -> Runner:
+        runner = runners[name]
+        route = routes[name]
+        if count != budget and route.engine != "torch":
+            assert cache is not None  # only torch variants are planned without a cache
+            runner = _build(job, cache, route.engine, route.precision, None, threads=count)
+        # torch variants share one model: the thread count is set per call.
+        threaded: Runner = torch_engine.on_threads(runner, count)
+        return threaded
+
+    plan.adapt_threads(ThreadGovernor(choices), build)
+    logger.info(
+        "model %s: batches run on %s threads, whichever measures faster for their size",
+        job.options.model_name,
+        " or ".join(str(count) for count in choices),
+    )
+
+
 def _build(
-    job: EngineJob, cache: EngineCache, engine: str, precision: str, reference: Any
+    job: EngineJob,
+    cache: EngineCache,
+    engine: str,
+    precision: str,
+    reference: Any,
+    *,
+    threads: int | None = None,
 ) -> Runner:
     """One variant's runner; ``reference`` is the loaded fp32 torch model, if it is."""
     if engine == "torch":
@@ -169,7 +210,7 @@ def _build(
             reference if reference is not None else job.load_reference(), precision
         )
     folder = _export(job, cache)
-    threads = torch_engine.threads()
+    threads = threads or torch_engine.threads()
     if engine == "onnxruntime":
         from . import export
         from .ort_engine import OnnxRuntimeRunner

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["DTYPES", "TorchRunner", "threads"]
+__all__ = ["DTYPES", "TorchRunner", "on_threads", "threads"]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -18,6 +18,18 @@ def threads() -> int:
     """The intra-op threads torch was given (``OMP_NUM_THREADS``, which server.py sets from
     the CPU budget): every engine uses as many, so the budget holds whatever runs."""
     return max(1, torch.get_num_threads())
+
+
+def on_threads(runner: Any, count: int) -> Any:
+    """``runner`` run with ``count`` intra-op threads: torch's own operators (the forward of a
+    torch variant, the pooling after any variant) use that many while it runs."""
+
+    def run(inputs: Mapping[str, Any]) -> Any:
+        if torch.get_num_threads() != count:
+            torch.set_num_threads(count)
+        return runner(inputs)
+
+    return run
 
 
 class TorchRunner:
