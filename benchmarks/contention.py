@@ -6,7 +6,8 @@ round (settings rotated, so drift hits them alike) it starts ``python server.py`
 ``--clients`` closed-loop one-sentence clients for ``--seconds``:
 
 - **idle**: nothing else runs;
-- **one competing process**: a Python busy loop, unpinned, runs beside the server;
+- **one competing process**: a Python busy loop, unpinned, runs beside the server (the load
+  runs ``--settle-seconds`` unrecorded first: this measures the condition, not the change);
 - **one core by taskset**: the server is started under ``taskset -c 0`` (the load generator is not).
 
 It prints items/s per condition and setting (medians over rounds), the best fixed setting, and
@@ -74,6 +75,9 @@ def one_round(
             measure(server.port, args.clients, 2.0, texts)  # the first requests, unrecorded
             figures["idle"][name] = measure(server.port, args.clients, args.seconds, texts)
             with competitor():
+                # The condition's steady state: the load runs unrecorded while the server
+                # (and the scheduler) settle on the new condition, for every setting alike.
+                measure(server.port, args.clients, args.settle_seconds, texts)
                 figures["compete"][name] = measure(server.port, args.clients, args.seconds, texts)
         pinned = f"taskset -c {args.core} {DEFAULT_COMMAND}"
         with ServerProcess(flags, command=pinned, cwd=ROOT, log_path=log) as server:
@@ -96,6 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=64, help="closed-loop clients (64)")
     parser.add_argument(
         "--threads", default="1,2", help="fixed --torch-threads values to compare (1,2)"
+    )
+    parser.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=3.0,
+        help="load run unrecorded after the competitor starts (3)",
     )
     parser.add_argument("--core", type=int, default=0, help="the core taskset leaves (0)")
     parser.add_argument("--server-arg", action="append", default=[], metavar="ARG")

@@ -77,3 +77,19 @@ async def test_a_text_without_the_token_never_fails_the_batch_it_would_have_join
     for answer in answers[:8]:
         (candidates,) = answer.json()["outputs"]
         assert candidates and {"token_str", "score", "sequence"} <= set(candidates[0])
+
+
+async def test_a_mask_token_cut_off_by_truncation_is_a_422_that_says_so(
+    door: tuple[httpx.AsyncClient, str],
+) -> None:
+    http, _ = door
+    # The tiny model takes 64 tokens: the mask after 100 words is truncated away.
+    late = " ".join(["cat"] * 100) + " [MASK]"
+    answers = await asyncio.gather(
+        http.post("/models/mlm", json={"inputs": [late]}),
+        *(http.post("/models/mlm", json={"inputs": [f"the [MASK] sat {i}"]}) for i in range(4)),
+    )
+    assert [answer.status_code for answer in answers] == [422] + [200] * 4
+    assert "beyond this model's 64-token limit" in answers[0].json()["error"]
+    metrics = (await http.get("/metrics")).text
+    assert sample(metrics, "batching_requests_total", 0.0, model="mlm", code="500") == 0

@@ -6,6 +6,7 @@ import pytest
 
 from batching.models.engines.governor import (
     FIRST_INTERVAL,
+    GAP_PER_COST,
     LAST_INTERVAL,
     ThreadGovernor,
     thread_choices,
@@ -131,3 +132,27 @@ def test_a_plan_runs_each_batch_on_the_threads_its_governor_picks() -> None:
         plan(batch)
     assert ran[-5:] == [1] * 5
     assert plan.describe()["threads"]["by_batch_size"]["<=63"]["threads"] == 1
+
+
+def test_a_dear_try_waits_in_proportion_to_its_cost() -> None:
+    governor = ThreadGovernor((2, 1))
+    run(governor, 20, {2: 10.0, 1: 1.0})  # beside a competitor: two threads cost 10x
+    assert governor.current(32) == 1
+    picked = run(governor, 1000, {2: 10.0, 1: 1.0})
+    tries = picked.count(2)
+    # Each try costs ten batches: at most about one in GAP_PER_COST of the time goes to them.
+    assert tries * 10 <= 1000 * 10 // GAP_PER_COST + 10
+
+
+def test_one_dear_batch_is_enough_to_try_another_count() -> None:
+    governor = ThreadGovernor((2, 1))
+    run(governor, 3000, {2: 1.0, 1: 1.7})
+    picked = run(governor, 2, {2: 17.0, 1: 1.8})
+    assert picked == [2, 1]  # the very next batch tries one thread
+
+
+def test_a_new_size_starts_on_the_count_the_nearest_size_runs() -> None:
+    governor = ThreadGovernor((2, 1))
+    run(governor, 50, {2: 10.0, 1: 1.0}, items=32)
+    assert governor.current(32) == 1
+    assert governor.pick(20) == 1

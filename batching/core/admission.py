@@ -116,7 +116,7 @@ class Admission:
                 f"model {self.name!r} is overloaded: {queued} items queued",
                 queued,
                 capacity,
-                excess / capacity,
+                max(excess, config.max_batch_size) / capacity,
             )
         # The work ahead of this request (queued and running), at the measured rate, must
         # fit in its deadline with room to spare: the rate is an estimate, and a request let
@@ -133,8 +133,9 @@ class Admission:
                 f"{queued} items are queued ahead of it",
                 queued,
                 capacity,
-                # It would fit once this much of the work ahead has drained.
-                expected - time_left / margin,
+                # The work ahead of it drains in this long (at least one batch): held that
+                # long, the clients refused together come back as the room they need frees.
+                max(ahead, config.max_batch_size) / capacity,
             )
 
     def _refusal(self, message: str, queued: int, capacity: float, drain_s: float) -> Overloaded:

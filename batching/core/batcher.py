@@ -21,7 +21,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from batching.errors import DeadlineExceeded, InferenceFailed, NotReady, PayloadTooLarge
+from batching.errors import (
+    ClientError,
+    DeadlineExceeded,
+    InferenceFailed,
+    NotReady,
+    PayloadTooLarge,
+)
 
 from .admission import Admission, Throughput
 from .config import BatchingConfig
@@ -432,6 +438,16 @@ class Batcher:
         except InstanceLost:
             raise
         except Exception as exc:
+            if len(jobs) == 1 and isinstance(exc, ClientError):
+                # The model says this input is one it cannot take: the client's to fix.
+                logger.debug(
+                    "model %s refused request %s: %s",
+                    self.name,
+                    jobs[0].request.request_id or "-",
+                    exc,
+                )
+                jobs[0].request.fail(exc)
+                return len(inputs), tokens, 0.0
             if len(jobs) == 1:
                 job = jobs[0]
                 logger.error(

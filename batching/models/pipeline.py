@@ -10,6 +10,9 @@ import numpy as np
 import torch
 import transformers
 from transformers.pipelines import PIPELINE_REGISTRY, TASK_ALIASES
+from transformers.pipelines.base import PipelineException
+
+from batching.errors import UnprocessableInput
 
 from ._torch import (
     TokenCounter,
@@ -215,7 +218,17 @@ class PipelineModel:
         if self.task == "feature-extraction":
             return self._embed(inputs)
         batch = [_classifiable(item) for item in inputs] if self.takes_pairs else list(inputs)
-        outputs = self._pipeline(batch, batch_size=len(batch), **self._call_kwargs())
+        try:
+            outputs = self._pipeline(batch, batch_size=len(batch), **self._call_kwargs())
+        except PipelineException as exc:
+            if self.task == "fill-mask" and len(batch) == 1:
+                # The request had its mask token (the data plane checks that before it is
+                # queued), so truncation at the model's limit cut it off.
+                raise UnprocessableInput(
+                    f"the {self._mask()} token is beyond this model's {self._max_length}-token "
+                    "limit, so truncating the text removed it: put it earlier or send less text"
+                ) from exc
+            raise
         # Some pipelines (fill-mask, ...) unwrap a one-item list and return that item's output.
         if len(batch) == 1 and (self.task == "fill-mask" or not _is_one_per_input(outputs, 1)):
             outputs = [outputs]

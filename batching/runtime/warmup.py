@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 import string
@@ -13,6 +14,8 @@ from typing import Any
 
 from batching.config import ModelConfig
 from batching.models.protocol import Model, hooks_of, load_model
+
+from .allocator import trim
 
 __all__ = [
     "InstanceInfo",
@@ -210,6 +213,10 @@ def load_and_warm(
     plan = warmup or WarmupPlan()
     started = time.perf_counter()
     load_model(model, device, index)
+    # Loading may have built and dropped much (an engine choice measures several variants
+    # and keeps one): free it now and hand the heap's free pages back to the kernel.
+    gc.collect()
+    trim()
     loaded = time.perf_counter()
     try:
         batches = warmup_inputs_for(model, plan, max_batch_size, seed=index)

@@ -7,8 +7,8 @@ take ten times as long. One thread barely notices. Which is faster depends on wh
 which changes while the server runs, so the :class:`ThreadGovernor` measures it: it runs each
 batch on the thread count that has been cheapest for batches of that size, and now and then
 tries another one on a real batch. A try that turns out cheaper switches at once; one that
-does not waits twice as long before the next, so on a machine whose answer does not change
-the tries cost almost nothing.
+does not waits twice as long before the next (and longer the dearer the try was), so on a
+machine whose answer does not change the tries cost almost nothing.
 
 Cost is seconds per token (the batch's items times its padded length), compared only between
 batches of similar size (a power-of-two bucket), since a batch of one costs more per token
@@ -17,10 +17,12 @@ than a batch of 32 whatever the threads. Pure arithmetic: the clock is the calle
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 __all__ = [
     "FIRST_INTERVAL",
+    "GAP_PER_COST",
     "LAST_INTERVAL",
     "MARGIN",
     "ThreadGovernor",
@@ -32,6 +34,9 @@ FIRST_INTERVAL = 8
 #: The longest gap between two tries (it doubles after each try that did not switch): the
 #: cost of trying a slow choice is at most one batch in this many.
 LAST_INTERVAL = 256
+#: Batches to wait after a failed try, per unit of what the try cost relative to a batch on
+#: the current choice: tries then take at most about 1 / GAP_PER_COST of the time.
+GAP_PER_COST = 32
 #: A choice must be this much cheaper to replace the current one.
 MARGIN = 0.1
 #: Weight of the newest batch in a choice's smoothed cost.
@@ -73,9 +78,6 @@ class ThreadGovernor:
         bucket = self._bucket(items)
         if not self.adaptive:
             return bucket.current
-        for count in self.choices:  # each choice is measured once before any is preferred
-            if count not in bucket.costs:
-                return count
         if bucket.since_try >= bucket.interval:
             return self._other(bucket)
         return bucket.current
@@ -92,20 +94,25 @@ class ThreadGovernor:
                 cost if previous is None else previous + SMOOTHING * (cost - previous)
             )
             bucket.since_try += 1
-            best = min(bucket.costs.values())
-            if bucket.costs[threads] * (1 - MARGIN) > best:
-                # The current choice got dearer than another was when last tried: try again soon.
+            others = [c for count, c in bucket.costs.items() if count != threads]
+            if others and cost * (1 - MARGIN) > min(others):
+                # This batch cost more than another choice did when last tried (another
+                # process took a core?): try it on the next batch rather than after the gap.
                 bucket.since_try = max(bucket.since_try, bucket.interval)
             return
         # A try (or a first measurement): what this choice costs now replaces what it cost
         # when last tried, which may be long ago and under other load.
         bucket.costs[threads] = cost
         bucket.since_try = 0
-        if bucket.costs[threads] < bucket.costs.get(bucket.current, float("inf")) * (1 - MARGIN):
+        current = bucket.costs.get(bucket.current, float("inf"))
+        if cost < current * (1 - MARGIN):
             bucket.current = threads
             bucket.interval = FIRST_INTERVAL
         elif len(bucket.costs) == len(self.choices):
-            bucket.interval = min(LAST_INTERVAL, bucket.interval * 2)
+            # A try that cost k batches' worth waits at least k * GAP_PER_COST batches for
+            # the next: beside a competitor a two-thread try can cost ten one-thread batches.
+            gap = math.ceil(cost / current * GAP_PER_COST)
+            bucket.interval = min(LAST_INTERVAL, max(bucket.interval * 2, gap))
 
     def current(self, items: int) -> int:
         """The thread count batches of ``items`` items run on between tries."""
@@ -128,7 +135,11 @@ class ThreadGovernor:
         key = max(1, items).bit_length()
         bucket = self._buckets.get(key)
         if bucket is None:
-            bucket = self._buckets[key] = _Bucket(current=self.choices[0])
+            # A size not seen yet starts where the nearest size seen runs now: what else
+            # runs on the machine matters to both.
+            nearest = min(self._buckets, key=lambda other: abs(other - key), default=None)
+            start = self.choices[0] if nearest is None else self._buckets[nearest].current
+            bucket = self._buckets[key] = _Bucket(current=start)
         return bucket
 
     def _other(self, bucket: _Bucket) -> int:

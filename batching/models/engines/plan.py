@@ -35,7 +35,8 @@ class EnginePlan:
             raise ValueError(f"no runner for {', '.join(missing)}")
         self.decision = decision
         self.reused = reused
-        self.runners = dict(runners)
+        #: The runners the routes use (the variants measured and not kept are not held).
+        self.runners = {route.name: runners[route.name] for route in decision.routes}
         self._runners = [(route.last, runners[route.name]) for route in decision.routes]
         self._names = [route.name for route in decision.routes]
         self.governor: ThreadGovernor | None = None
