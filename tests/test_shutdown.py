@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -20,39 +22,47 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent
 
 
-async def test_sigterm_finishes_every_accepted_request_and_exits_in_bounded_time() -> None:
+@contextlib.asynccontextmanager
+async def cost_server(
+    a_ms: int, b_ms: int, *flags: str
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, str, list[str]]]:
+    """``python server.py`` on a CostModel whose batch of n takes ``a_ms + b_ms * n``,
+    ready; yields the process, its URL and (after the block) its whole output."""
     port = free_port()
-    env = {**os.environ, "COST_MODEL_A_MS": "40", "COST_MODEL_B_MS": "1"}
+    env = {**os.environ, "COST_MODEL_A_MS": str(a_ms), "COST_MODEL_B_MS": str(b_ms)}
     process = await asyncio.create_subprocess_exec(
-        *[
-            sys.executable,
-            "server.py",
-            "--model",
-            "tests.support.models:CostModel",
-            "--port",
-            str(port),
-            "--max-batch-size",
-            "8",
-            "--shutdown-timeout-s",
-            "20",
-        ],
+        *[sys.executable, "server.py", "--model", "tests.support.models:CostModel"],
+        *["--port", str(port), "--shutdown-timeout-s", "20", *flags],
         cwd=ROOT,
         env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
+    output: list[str] = []
     try:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            for _ in range(500):
+            for _ in range(1500):
                 try:
                     if (await client.get("/v2/health/ready")).status_code == 200:
                         break
                 except httpx.TransportError:
                     pass
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.02)  # polling a subprocess's readiness, with a deadline
             else:
                 raise AssertionError("server never became ready")
+        yield process, url, output
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        assert process.stdout is not None
+        output.append((await process.stdout.read()).decode())
+
+
+async def test_sigterm_finishes_every_accepted_request_and_exits_in_bounded_time() -> None:
+    async with cost_server(40, 1, "--max-batch-size", "8") as (process, url, output):
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             # 40 one-item requests at 8 per ~50 ms batch: about 250 ms of accepted work.
             futures = [
                 asyncio.ensure_future(client.post("/", content=f"job{i}".encode()))
@@ -79,49 +89,13 @@ async def test_sigterm_finishes_every_accepted_request_and_exits_in_bounded_time
         returncode = await asyncio.wait_for(process.wait(), 25)
         assert time.monotonic() - signalled < 25
         assert returncode in (0, -signal.SIGTERM)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        assert process.stdout is not None
-        output = (await process.stdout.read()).decode()
-    assert "Traceback" not in output, output
+    assert "Traceback" not in output[0], output[0]
 
 
 async def test_during_the_drain_readiness_answers_503_until_the_listener_closes() -> None:
-    port = free_port()
     # One batch takes 1.5 s: the drain lasts as long as it runs.
-    env = {**os.environ, "COST_MODEL_A_MS": "1500", "COST_MODEL_B_MS": "0"}
-    process = await asyncio.create_subprocess_exec(
-        *[
-            sys.executable,
-            "server.py",
-            "--model",
-            "tests.support.models:CostModel",
-            "--port",
-            str(port),
-            "--grpc-port",
-            "0",
-            "--shutdown-timeout-s",
-            "20",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
+    async with cost_server(1500, 0, "--grpc-port", "0") as (process, url, output):
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            for _ in range(1500):
-                try:
-                    if (await client.get("/v2/health/ready")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                await asyncio.sleep(0.02)  # polling a subprocess's readiness, with a deadline
-            else:
-                raise AssertionError("server never became ready")
             accepted = asyncio.ensure_future(client.post("/", content=b"accepted"))
             for _ in range(500):
                 metrics = (await client.get("/metrics")).text
@@ -150,11 +124,5 @@ async def test_during_the_drain_readiness_answers_503_until_the_listener_closes(
         assert probes and probes[-1] == 503 and set(probes) <= {200, 503}, probes
         assert answered.status_code == 200 and answered.json()["outputs"][0]["input"] == "accepted"
         assert await asyncio.wait_for(process.wait(), 25) in (0, -signal.SIGTERM)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        assert process.stdout is not None
-        output = (await process.stdout.read()).decode()
-    assert "Traceback" not in output, output
-    assert "draining: not ready" in output
+    assert "Traceback" not in output[0], output[0]
+    assert "draining: not ready" in output[0]
