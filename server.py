@@ -9,7 +9,6 @@ embedded in someone else's server must leave alone.
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
 import os
@@ -35,6 +34,7 @@ from batching.http.connections import protocol_class  # noqa: E402
 from batching.logs import configure_logging, uvicorn_log_config  # noqa: E402
 from batching.models.engines.options import ADAPTIVE_THREADS_VARIABLE  # noqa: E402
 from batching.runtime.allocator import tune_malloc  # noqa: E402
+from batching.runtime.collector import settle_loaded_objects  # noqa: E402
 from batching.runtime.deployment import Deployment  # noqa: E402
 from batching.runtime.warmup import InstanceInfo  # noqa: E402
 from batching.settings.cli import ServerSettings, parse_settings  # noqa: E402
@@ -46,13 +46,10 @@ OnLoadFailure = Callable[[Deployment, int, str], None]
 
 
 def freeze_loaded_objects(deployment: Deployment, index: int, info: InstanceInfo) -> None:
-    """Take everything loaded so far out of the cyclic garbage collector's sight.
-
-    The model, torch and transformers (millions of objects) live as long as the process. Left
-    to the collector, each full collection walks all of it while holding the GIL, stalling the
-    event loop for ~200 ms every few seconds under load (measured). Frozen, it is never walked.
-    """
-    gc.freeze()
+    """Take everything loaded so far out of the cyclic garbage collector's sight, and let
+    request-scoped objects die young (:mod:`batching.runtime.collector` says why: both were
+    measured stalls of the event loop)."""
+    settle_loaded_objects()
 
 
 def build(

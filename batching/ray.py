@@ -23,7 +23,6 @@ gRPC is not served through Ray (Ray's gRPC proxy needs its own protos); use HTTP
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 from typing import Any
 
@@ -32,6 +31,7 @@ from ray.serve import Application
 from starlette.applications import Starlette
 
 from batching.app import create_app
+from batching.runtime.collector import settle_loaded_objects
 from batching.runtime.deployment import Deployment
 from batching.runtime.warmup import InstanceInfo
 from batching.settings.cli import ServerSettings, parse_settings
@@ -92,7 +92,7 @@ class _Loading:
 
     def on_ready(self, deployment: Deployment, index: int, info: InstanceInfo) -> None:
         self.loaded[deployment.name] = deployment
-        gc.freeze()  # as server.py does: the loaded model is never walked by the collector
+        settle_loaded_objects()  # as server.py does (see batching.runtime.collector)
 
     def on_load_failure(self, deployment: Deployment, index: int, reason: str) -> None:
         self.failure = f"model {deployment.name!r} cannot be loaded: {reason}"

@@ -20,6 +20,7 @@ from fastapi import FastAPI
 
 import server
 from batching import BatchingConfig, ModelConfig, create_app
+from batching.runtime.collector import YOUNG_THRESHOLD
 from batching.settings.cli import parse_settings
 from tests.support.asgi import serving
 
@@ -32,10 +33,12 @@ ROOT = Path(__file__).resolve().parent.parent
 @contextlib.contextmanager
 def unfrozen() -> Iterator[None]:
     gc.unfreeze()
+    thresholds = gc.get_threshold()
     try:
         yield
     finally:
         gc.unfreeze()
+        gc.set_threshold(*thresholds)
 
 
 def host_with_batching(ready: asyncio.Event) -> FastAPI:
@@ -60,6 +63,7 @@ async def test_an_embedded_app_leaves_the_hosts_gc_environment_and_logging_alone
     logging_before = (logger.level, logger.propagate, list(logger.handlers))
     ready = asyncio.Event()
     with unfrozen():
+        thresholds = gc.get_threshold()
         async with LifespanManager(host_with_batching(ready), startup_timeout=30) as manager:
             transport = httpx.ASGITransport(app=manager.app)
             async with httpx.AsyncClient(transport=transport, base_url="http://host") as client:
@@ -70,6 +74,7 @@ async def test_an_embedded_app_leaves_the_hosts_gc_environment_and_logging_alone
                 assert answer.status_code == 200, answer.text
                 assert answer.json()["outputs"] == [{"input": "hi", "length": 2}]
         assert gc.get_freeze_count() == 0
+        assert gc.get_threshold() == thresholds
     assert dict(os.environ) == environ_before
     assert (logger.level, logger.propagate, list(logger.handlers)) == logging_before
 
@@ -81,8 +86,11 @@ async def test_the_server_freezes_what_it_loaded_once_a_model_is_ready(
         monkeypatch.delenv(variable, raising=False)  # build() sets them; undone after
     settings = parse_settings(["--model", ECHO], {})
     with unfrozen():
+        gc.set_threshold(700, 10, 10)  # CPython's defaults
         async with serving(server.build(settings)):
             assert gc.get_freeze_count() > 0
+            # Request-scoped objects die young instead of filling the oldest generation.
+            assert gc.get_threshold() == (YOUNG_THRESHOLD, 10, 10)
 
 
 def test_the_server_sets_its_environment_defaults_when_imported() -> None:

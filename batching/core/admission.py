@@ -13,6 +13,9 @@ Two rules, both pure arithmetic over the queue's state and the measured throughp
 No rule can spiral under a retry storm: the throughput estimate learns only from completed
 batches that show a busy instance (never from refusals, nor from the few-item batches that
 form while most requests are refused), so refusals cannot lower it and make more refusals.
+It is the lower of the compute rate and the rate batches actually complete at while work
+waits (:class:`Throughput`): when refusals take the event loop's CPU and batches go out
+late, admission plans with what the instance delivers, and what it admits still fits.
 Retry-After hints are spread between the queue's drain time and twice it, so clients that
 honour them come back spread out rather than all at once. Every refusal also says how long
 the queue needs before it could take the request (:func:`hold_for`): the HTTP edge holds an
@@ -56,20 +59,54 @@ class Throughput:
     """Items per second one instance completes, smoothed: feeds Retry-After and
     predicted-wait admission.
 
-    The batcher calls :meth:`observe` with completed batches only, and only with those that
-    show a busy instance (full, or at least half the batch cap): a batch of a few items costs
-    nearly as much as a full one, so its items/s understates capacity several times over.
+    Two rates are learnt, and the lower one counts:
+
+    - ``computed``: items per second of the model's own compute time. The batcher reports
+      only batches that show a busy instance (full, or at least half the batch cap): a batch
+      of a few items costs nearly as much as a full one, so its items/s understates capacity
+      several times over.
+    - ``served``: items per second of wall-clock time from one batch's end to the next, over
+      stretches where work was waiting all along (the same busy batches only). That is what
+      a queued request actually sees: besides compute it counts the time the batch took to
+      be formed and dispatched, which grows when the event loop is short of CPU (thousands
+      of refusals a second on the same cores), and then admitting at the compute rate lets
+      in requests that only wait to miss their deadline.
     """
 
     def __init__(self, prior: float = 100.0) -> None:
-        self.per_instance = prior
+        self.computed = prior
+        self.served: float | None = None
+
+    @property
+    def per_instance(self) -> float:
+        """The rate admission plans with: the lower of the two."""
+        if self.served is None:
+            return self.computed
+        return min(self.computed, self.served)
+
+    @per_instance.setter
+    def per_instance(self, rate: float) -> None:
+        """Start from ``rate`` (tests, and a deployment that knows its rate): both rates."""
+        self.computed = rate
+        self.served = None
 
     def observe(self, items: int, compute_s: float) -> None:
         """A completed batch of ``items`` took ``compute_s`` seconds on one instance."""
         if compute_s <= 0 or items <= 0:
             return
         rate = items / compute_s
-        self.per_instance += LEARNING_RATE * (rate - self.per_instance)
+        self.computed += LEARNING_RATE * (rate - self.computed)
+
+    def observe_served(self, items: int, wall_s: float) -> None:
+        """A batch of ``items`` completed ``wall_s`` seconds after the instance's previous
+        batch, with work waiting for the instance all that time."""
+        if wall_s <= 0 or items <= 0:
+            return
+        rate = items / wall_s
+        if self.served is None:
+            self.served = rate
+        else:
+            self.served += LEARNING_RATE * (rate - self.served)
 
 
 class Admission:

@@ -251,8 +251,10 @@ class Batcher:
             self._arrival_waiters.append(waiter)
             await waiter
 
-    async def next_batch(self) -> tuple[list[Job], str]:
-        """Wait for work and form the next batch; returns its jobs and why it was released.
+    async def next_batch(self) -> tuple[list[Job], str, bool]:
+        """Wait for work and form the next batch; returns its jobs, why it was released, and
+        whether work was already waiting when this collector's turn to form came (the
+        instance went from one batch to the next without waiting for an arrival).
 
         Reasons: ``full`` (item or token cap), ``preferred_size``, ``deadline`` (the window
         from the oldest job's enqueue time ran out), ``instance_free`` (nothing else queued:
@@ -262,6 +264,7 @@ class Batcher:
             # The rest of a split request takes its next turn behind what has arrived.
             while self._rotation:
                 self.queue.put_nowait(self._rotation.popleft())
+            waiting = self.queued_items > 0
             first = await self._take()
             batch = Batch(self.config.max_batch_size, self.config.max_batch_tokens)
             self._return(first, batch.take(first))
@@ -273,7 +276,7 @@ class Batcher:
                 for job in reversed(batch.jobs):
                     self._put_back(job)
                 raise
-            return batch.jobs, reason
+            return batch.jobs, reason, waiting
 
     async def _collect(self, batch: Batch, first: Job) -> str:
         loop = asyncio.get_running_loop()
@@ -384,8 +387,13 @@ class Batcher:
     async def serve(self, run: RunBatch) -> None:
         """The collector of one instance: form a batch, run it, resolve it; forever."""
         loop = asyncio.get_running_loop()
+        # When this instance's previous batch ended: if work was waiting for it from then on,
+        # the span to this batch's end is one busy cycle, whose items per wall second
+        # admission learns.
+        previous_end: float | None = None
         while True:
-            jobs, reason = await self.next_batch()
+            jobs, reason, waiting = await self.next_batch()
+            backlogged_since = previous_end if waiting else None
             jobs = [job for job in jobs if self._is_live(job)]
             if not jobs:
                 continue
@@ -418,6 +426,10 @@ class Batcher:
                 self.busy_instances -= 1
                 self.running_items -= running
             self.events.batch_done(items, tokens, reason, queue_wait, compute_s)
+            ended = loop.time()
+            if learn and backlogged_since is not None:
+                self.throughput.observe_served(items, ended - backlogged_since)
+            previous_end = ended
             for job in jobs:
                 # A request runs in one batch, or in consecutive ones when it was split;
                 # each batch's compute counts in full for each request in it, as in Triton.

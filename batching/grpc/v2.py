@@ -22,6 +22,7 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
+from batching.answers import answer_log
 from batching.errors import BatchingError, ModelNotFound
 from batching.kserve import describe
 from batching.kserve.infer import items_of, output_tensors, timeout_parameter
@@ -52,10 +53,7 @@ def _parsed(document: Any, message: Any) -> Any:
 
 
 async def _abort(context: Any, code: grpc.StatusCode, status: int, message: str, rid: str) -> None:
-    # Client mistakes are the client's to read in the details; at DEBUG an operator can still
-    # follow one by its request id. Server-side failures always reach the log.
-    level = logging.WARNING if status >= 500 else logging.DEBUG
-    logger.log(level, "gRPC request %s answered %s: %s", rid, code.name, message)
+    answer_log.answered(f"gRPC request {rid} ({code.name})", status, message)
     await context.abort(code, message)
 
 

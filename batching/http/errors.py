@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from batching.answers import answer_log
 from batching.errors import (
     BatchingError,
     DeadlineExceeded,
@@ -106,10 +107,7 @@ async def _batching_error(request: Request, exc: Exception) -> Response:
     if isinstance(exc, Unavailable):
         headers = {"Retry-After": str(max(1, round(exc.retry_after)))}
         hold_resends(request.scope, exc)
-    # Client mistakes are the client's to read in the body; at DEBUG an operator can still
-    # follow one by its request id. Server-side failures always reach the log.
-    level = logging.WARNING if status >= 500 else logging.DEBUG
-    logger.log(level, "request %s answered %d: %s", request_id_of(request.scope), status, exc)
+    answer_log.answered(f"request {request_id_of(request.scope)}", status, str(exc))
     return error_response(str(exc), status, headers)
 
 

@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from batching.answers import answer_log
 from batching.codecs.openai import (
     MAX_INPUT_TOKENS,
     check_dimensions,
@@ -115,8 +116,7 @@ def openai_error(exc: BatchingError, request: Request) -> Response:
         hold_resends(request.scope, exc)
     elif isinstance(exc, DeadlineExceeded | InferenceFailed):
         headers["x-should-retry"] = "false"
-    level = logging.WARNING if status >= 500 else logging.DEBUG
-    logger.log(level, "request %s answered %d: %s", request_id_of(request.scope), status, exc)
+    answer_log.answered(f"request {request_id_of(request.scope)}", status, str(exc))
     error_type = "invalid_request_error" if status < 500 else "server_error"
     return _json(
         error_document(

@@ -1,0 +1,90 @@
+"""What the log says about requests answered with an error, for every door alike.
+
+A client's mistake (4xx) is the client's to read in the answer: logged at DEBUG, where an
+operator can still follow one by its request id. A failure of the server's own (500) is
+logged at WARNING, every one. Shedding is neither: under overload a server refuses thousands
+of requests a second (503) or lets some miss their deadline (504), each already counted in
+``batching_rejected_total``, and a WARNING line for each would cost the event loop more than
+the refusal itself, in the very moment it has least to spare, and bury everything else in the
+log. So each shedding status logs its first answer at once, then at most one WARNING line per
+:data:`SUMMARY_INTERVAL` that says how many more there were and quotes the latest; every one
+is still at DEBUG.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["SHEDDING", "SUMMARY_INTERVAL", "AnswerLog", "answer_log"]
+
+#: Statuses that say "not now" under load rather than "something is wrong".
+SHEDDING = frozenset({503, 504})
+
+#: Seconds between two WARNING lines about the same shedding status.
+SUMMARY_INTERVAL = 10.0
+
+
+@dataclass(slots=True)
+class _Window:
+    last_warned: float
+    suppressed: int = 0
+
+
+class AnswerLog:
+    """Logs error answers: see the module's text for which, and at what level.
+
+    :param logger: where the lines go.
+    :param clock: seconds, monotonic (tests inject one).
+    """
+
+    def __init__(self, logger: logging.Logger, clock: Callable[[], float] = time.monotonic) -> None:
+        self.logger = logger
+        self.clock = clock
+        self._windows: dict[int, _Window] = {}
+
+    def answered(self, what: str, status: int, message: str) -> None:
+        """``what`` (``"request ID"``, ``"gRPC request ID"``) was answered ``status`` because
+        of ``message``."""
+        if status < 500:
+            self._debug(what, status, message)
+        elif status in SHEDDING:
+            self._shed(what, status, message)
+        else:
+            self.logger.warning("%s answered %d: %s", what, status, message)
+
+    def _debug(self, what: str, status: int, message: str) -> None:
+        if self.logger.isEnabledFor(logging.DEBUG):
+            self.logger.debug("%s answered %d: %s", what, status, message)
+
+    def _shed(self, what: str, status: int, message: str) -> None:
+        now = self.clock()
+        window = self._windows.get(status)
+        if window is None:
+            self._windows[status] = _Window(last_warned=now)
+            self.logger.warning("%s answered %d: %s", what, status, message)
+            return
+        if now - window.last_warned < SUMMARY_INTERVAL:
+            window.suppressed += 1
+            self._debug(what, status, message)
+            return
+        more = window.suppressed
+        window.last_warned, window.suppressed = now, 0
+        if more:
+            self.logger.warning(
+                "%s answered %d: %s (and %d more answered %d in the last %.0f s; each at DEBUG)",
+                what,
+                status,
+                message,
+                more,
+                status,
+                SUMMARY_INTERVAL,
+            )
+        else:
+            self.logger.warning("%s answered %d: %s", what, status, message)
+
+
+#: The server's one answer log, on the ``batching`` logger.
+answer_log = AnswerLog(logging.getLogger("batching"))
