@@ -7,7 +7,10 @@ import logging
 
 import pytest
 
+from batching import ModelConfig, answers, create_app
 from batching.answers import SUMMARY_INTERVAL, AnswerLog
+from tests.support.asgi import serving
+from tests.support.models import SlowLoadModel
 
 
 class Clock:
@@ -78,3 +81,39 @@ def test_each_shedding_status_has_its_own_interval(
         "request 1 answered 503: overloaded",
         "request 2 answered 504: its deadline passed",
     ]
+
+
+@pytest.mark.anyio
+async def test_the_doors_say_a_burst_of_refusals_once(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model that is not ready refuses every request (503) through every door: the log
+    warns of the first and keeps the rest at DEBUG, where each can still be followed."""
+    monkeypatch.setattr(answers.answer_log, "_windows", {})  # no earlier test's interval
+    loading = SlowLoadModel()
+    app = create_app(ModelConfig(name="loading"), builder=lambda config: loading)
+    caplog.set_level(logging.DEBUG, logger="batching")
+    try:
+        async with serving(app, wait_ready=False) as client:
+            for index in range(20):
+                plain = await client.post("/models/loading", content=b"a")
+                v2 = await client.post(
+                    "/v2/models/loading/infer",
+                    json={
+                        "inputs": [
+                            {
+                                "name": "text",
+                                "datatype": "BYTES",
+                                "shape": [1],
+                                "data": [str(index)],
+                            }
+                        ]
+                    },
+                )
+                assert (plain.status_code, v2.status_code) == (503, 503)
+    finally:
+        loading.loaded.set()
+    refusals = [r for r in caplog.records if "answered 503" in r.getMessage()]
+    assert len(refusals) == 40
+    assert [r.levelno for r in refusals].count(logging.WARNING) == 1
+    assert refusals[0].levelno == logging.WARNING
