@@ -49,41 +49,25 @@ class AnswerLog:
         """``what`` (``"request ID"``, ``"gRPC request ID"``) was answered ``status`` because
         of ``message``."""
         if status < 500:
-            self._debug(what, status, message)
-        elif status in SHEDDING:
-            self._shed(what, status, message)
-        else:
-            self.logger.warning("%s answered %d: %s", what, status, message)
-
-    def _debug(self, what: str, status: int, message: str) -> None:
-        if self.logger.isEnabledFor(logging.DEBUG):
             self.logger.debug("%s answered %d: %s", what, status, message)
+        elif status not in SHEDDING:
+            self.logger.warning("%s answered %d: %s", what, status, message)
+        else:
+            self._shed(what, status, message)
 
     def _shed(self, what: str, status: int, message: str) -> None:
         now = self.clock()
         window = self._windows.get(status)
-        if window is None:
-            self._windows[status] = _Window(last_warned=now)
-            self.logger.warning("%s answered %d: %s", what, status, message)
-            return
-        if now - window.last_warned < SUMMARY_INTERVAL:
+        if window is not None and now - window.last_warned < SUMMARY_INTERVAL:
             window.suppressed += 1
-            self._debug(what, status, message)
+            self.logger.debug("%s answered %d: %s", what, status, message)
             return
-        more = window.suppressed
-        window.last_warned, window.suppressed = now, 0
+        more = 0 if window is None else window.suppressed
+        self._windows[status] = _Window(last_warned=now)
         if more:
-            self.logger.warning(
-                "%s answered %d: %s (and %d more answered %d in the last %.0f s; each at DEBUG)",
-                what,
-                status,
-                message,
-                more,
-                status,
-                SUMMARY_INTERVAL,
-            )
-        else:
-            self.logger.warning("%s answered %d: %s", what, status, message)
+            message = f"{message} (and {more} more answered {status} in the last "
+            message += f"{SUMMARY_INTERVAL:.0f} s; each at DEBUG)"
+        self.logger.warning("%s answered %d: %s", what, status, message)
 
 
 #: The server's one answer log, on the ``batching`` logger.

@@ -36,10 +36,10 @@ def lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
 def test_client_mistakes_are_debug_and_server_failures_warn_every_time(
     log: tuple[AnswerLog, Clock, pytest.LogCaptureFixture],
 ) -> None:
-    answers, _, caplog = log
-    answers.answered("request a", 400, "not JSON")
+    recorder, _, caplog = log
+    recorder.answered("request a", 400, "not JSON")
     for index in range(3):
-        answers.answered(f"request f{index}", 500, "the model failed")
+        recorder.answered(f"request f{index}", 500, "the model failed")
     assert lines(caplog, logging.DEBUG) == ["request a answered 400: not JSON"]
     assert lines(caplog, logging.WARNING) == [
         f"request f{index} answered 500: the model failed" for index in range(3)
@@ -49,34 +49,34 @@ def test_client_mistakes_are_debug_and_server_failures_warn_every_time(
 def test_shedding_warns_once_then_summarises_each_interval(
     log: tuple[AnswerLog, Clock, pytest.LogCaptureFixture],
 ) -> None:
-    answers, clock, caplog = log
-    answers.answered("request 1", 503, "overloaded")
+    recorder, clock, caplog = log
+    recorder.answered("request 1", 503, "overloaded")
     for index in range(2, 1002):
         clock.now += 0.001
-        answers.answered(f"request {index}", 503, "overloaded")
+        recorder.answered(f"request {index}", 503, "overloaded")
     assert lines(caplog, logging.WARNING) == ["request 1 answered 503: overloaded"]
     # Every one can still be followed at DEBUG.
     assert len(lines(caplog, logging.DEBUG)) == 1000
     clock.now += SUMMARY_INTERVAL
-    answers.answered("request 1002", 503, "overloaded")
+    recorder.answered("request 1002", 503, "overloaded")
     assert lines(caplog, logging.WARNING)[1] == (
         "request 1002 answered 503: overloaded "
         "(and 1000 more answered 503 in the last 10 s; each at DEBUG)"
     )
     # A quiet interval, then one more: said plainly, with no count.
     clock.now += 2 * SUMMARY_INTERVAL
-    answers.answered("request 1003", 503, "overloaded")
+    recorder.answered("request 1003", 503, "overloaded")
     assert lines(caplog, logging.WARNING)[2] == "request 1003 answered 503: overloaded"
 
 
 def test_each_shedding_status_has_its_own_interval(
     log: tuple[AnswerLog, Clock, pytest.LogCaptureFixture],
 ) -> None:
-    answers, clock, caplog = log
-    answers.answered("request 1", 503, "overloaded")
+    recorder, clock, caplog = log
+    recorder.answered("request 1", 503, "overloaded")
     clock.now += 1
-    answers.answered("request 2", 504, "its deadline passed")
-    answers.answered("request 3", 504, "its deadline passed")
+    recorder.answered("request 2", 504, "its deadline passed")
+    recorder.answered("request 3", 504, "its deadline passed")
     assert lines(caplog, logging.WARNING) == [
         "request 1 answered 503: overloaded",
         "request 2 answered 504: its deadline passed",

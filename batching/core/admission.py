@@ -86,7 +86,7 @@ class Throughput:
 
     @per_instance.setter
     def per_instance(self, rate: float) -> None:
-        """Start from ``rate`` (tests, and a deployment that knows its rate): both rates."""
+        """Start over from ``rate`` (tests set it): the compute rate, nothing served yet."""
         self.computed = rate
         self.served = None
 

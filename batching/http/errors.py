@@ -107,8 +107,9 @@ async def _batching_error(request: Request, exc: Exception) -> Response:
     if isinstance(exc, Unavailable):
         headers = {"Retry-After": str(max(1, round(exc.retry_after)))}
         hold_resends(request.scope, exc)
-    answer_log.answered(f"request {request_id_of(request.scope)}", status, str(exc))
-    return error_response(str(exc), status, headers)
+    message = str(exc)
+    answer_log.answered(f"request {request_id_of(request.scope)}", status, message)
+    return error_response(message, status, headers)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -116,11 +116,12 @@ def openai_error(exc: BatchingError, request: Request) -> Response:
         hold_resends(request.scope, exc)
     elif isinstance(exc, DeadlineExceeded | InferenceFailed):
         headers["x-should-retry"] = "false"
-    answer_log.answered(f"request {request_id_of(request.scope)}", status, str(exc))
+    message = str(exc)
+    answer_log.answered(f"request {request_id_of(request.scope)}", status, message)
     error_type = "invalid_request_error" if status < 500 else "server_error"
     return _json(
         error_document(
-            str(exc), error_type, param if isinstance(param, str) else None, _code_of(exc)
+            message, error_type, param if isinstance(param, str) else None, _code_of(exc)
         ),
         status,
         headers,

@@ -9,11 +9,12 @@ Two measured stalls of the event loop, and what prevents each:
   of them are in flight. With CPython's default young-generation threshold (700 allocations)
   the young generation is collected hundreds of times a second, every in-flight request's
   objects survive a few of those and are promoted, and the oldest generation fills with
-  objects that die soon after: a full collection then ran every ~3 s and took 11-54 ms, the
-  tail of every answer (503 p99 34 ms at 5x capacity). A threshold of
-  :data:`YOUNG_THRESHOLD` lets request-scoped objects die young, by reference count, before a
-  collection ever sees them: no full collection ran in 30 s of the same overload, one young
-  collection took over 2 ms (9 ms), and the 503 p99 fell to 6-7 ms (20,000 gave 6-19 ms).
+  objects that die soon after: a full collection then ran every ~3 s and took 5-54 ms, the
+  tail of every answer (503 p99 34 ms at 5x capacity; ``benchmarks/gc_pauses.py`` logs them).
+  A threshold of :data:`YOUNG_THRESHOLD` lets request-scoped objects die young, by reference
+  count, before a collection ever sees them: no full collection ran in 30 s of the same
+  overload, one young collection took over 2 ms (9 ms), and the 503 p99 fell to 6-7 ms
+  (``BATCHING_GC_YOUNG=20000`` with that script gave 6-19 ms).
 
 Both change the whole process, so only the server's own entry points (``server.py``, the Ray
 replica) call :func:`settle_loaded_objects`; an app embedded in another host leaves them as the
