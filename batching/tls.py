@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -256,12 +257,21 @@ _Signature = tuple[tuple[int, int, int, int] | None, ...]
 class CertificateFiles:
     """The certificates new connections get: the newest good reading of ``config``'s files.
 
+    :param poll_seconds: how often :meth:`start`'s task looks at the files; 0: never.
+    :param sleep: how it waits (tests inject their own clock).
     :raises TlsError: (on construction) the files cannot be used now.
     """
 
-    def __init__(self, config: TlsConfig, *, poll_seconds: float = POLL_SECONDS) -> None:
+    def __init__(
+        self,
+        config: TlsConfig,
+        *,
+        poll_seconds: float = POLL_SECONDS,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.config = config
         self.poll_seconds = poll_seconds
+        self._sleep = sleep
         seen = self._signature()
         #: The newest good reading; replaced (never changed) by :meth:`check`.
         self.current = load_certificates(config)
@@ -343,5 +353,5 @@ class CertificateFiles:
 
     async def _poll(self) -> None:
         while True:
-            await asyncio.sleep(self.poll_seconds)
+            await self._sleep(self.poll_seconds)
             self.check()
