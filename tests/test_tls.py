@@ -37,7 +37,7 @@ import batching.tls
 from batching.settings.cli import parse_settings
 from batching.tls import CertificateFiles, TlsConfig, TlsError, load_certificates
 from tests.support.servers import free_port
-from tests.support.tls import Pki, make_pki, peer_fingerprint
+from tests.support.tls import Pki, encrypted_key, make_pki, peer_fingerprint
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ["--model", "tests.support.models:VectorModel", "--name", "vectors"]
@@ -174,8 +174,6 @@ BAD_STARTS: list[tuple[str, list[str], str]] = [
 
 
 def bad_files(pki: Pki, folder: Path) -> dict[str, str]:
-    from tests.support.tls import encrypted_key
-
     (folder / "encrypted.key").write_bytes(encrypted_key(b"secret"))
     (folder / "half.pem").write_bytes(pki.server.cert[: len(pki.server.cert) // 2])
     return {
@@ -203,6 +201,22 @@ def test_a_bad_tls_configuration_stops_the_start_in_one_line(
     assert error.count("\n") == 1, error  # one line, no usage text
     assert error.startswith("server.py: error: ")
     assert says.format(**files) in error
+
+
+def test_a_client_cert_mode_from_the_environment_is_checked_too(
+    pki: Pki, capsys: pytest.CaptureFixture[str]
+) -> None:
+    environ = {
+        "BATCHING_SSL_CERTFILE": str(pki.cert),
+        "BATCHING_SSL_KEYFILE": str(pki.key),
+        "BATCHING_SSL_CLIENT_CERT": "maybe",
+    }
+    with pytest.raises(SystemExit) as stopped:
+        parse_settings(MODEL, environ)
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == (
+        "server.py: error: --ssl-client-cert must be one of required, optional, none, not 'maybe'\n"
+    )
 
 
 @pytest.mark.slow
