@@ -30,6 +30,7 @@ from batching.runtime.base import InstanceFactory
 from batching.runtime.deployment import Deployment
 from batching.runtime.warmup import InstanceInfo
 from batching.service import DataPlane, Deployments
+from batching.tls import CertificateFiles
 
 __all__ = ["ModelBuilder", "create_app", "default_model_builder"]
 
@@ -77,6 +78,7 @@ def create_app(
     grpc_port_explicit: bool = True,
     on_grpc_failure: Callable[[str], None] | None = None,
     on_all_ready: Callable[[], None] | None = None,
+    tls: CertificateFiles | None = None,
 ) -> Starlette:
     """A Starlette app serving ``models`` with dynamic batching.
 
@@ -99,6 +101,10 @@ def create_app(
         fails); if it is a default, the app logs one line and serves HTTP only.
     :param on_all_ready: called once, on the event loop, the first time every model is
         loaded and warm; by default the app logs ``ready: serving ...`` then.
+    :param tls: the server's certificates: gRPC serves TLS with them, and the lifespan looks
+        at their files every few seconds (:mod:`batching.tls`), so that new connections on
+        both doors get a renewed certificate. The HTTP listener is the host's (``server.py``
+        gives uvicorn ``tls.listening_context()``).
 
     The models load in the background once the lifespan starts: ``/v2/health/live`` answers
     at once, ``/v2/health/ready`` only when every model is loaded and warm. Creating or
@@ -156,7 +162,12 @@ def create_app(
     grpc_server = None
     if grpc_port:
         grpc_server = GrpcServer(
-            plane, grpc_host, grpc_port, explicit=grpc_port_explicit, on_failure=on_grpc_failure
+            plane,
+            grpc_host,
+            grpc_port,
+            explicit=grpc_port_explicit,
+            on_failure=on_grpc_failure,
+            tls=tls,
         )
 
     stop_by: float | None = None
@@ -176,6 +187,8 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         for deployment in deployments:
             deployment.start()
+        if tls is not None:
+            tls.start()
         try:
             if grpc_server is not None:
                 await grpc_server.start()
@@ -188,6 +201,8 @@ def create_app(
                 *([grpc_server.stop(grace)] if grpc_server is not None else []),
                 *(deployment.stop(grace) for deployment in deployments),
             )
+            if tls is not None:
+                await tls.stop()
 
     async def live(request: Request) -> Response:
         return Response(orjson.dumps({"live": True}), media_type="application/json")

@@ -102,6 +102,15 @@ RULES: tuple[Rule, ...] = (
         "this suite itself: .ci/run runs this very command (the install, then every test)",
     ),
     Rule(r"python server\.py$", "quickstart"),  # docs/perf-analyzer.md: the same server
+    *(
+        Rule(
+            pattern,
+            "skip",
+            "README's TLS example (certificates, a TLS server, curl --cacert): "
+            "tests/test_tls.py runs the block itself",
+        )
+        for pattern in (r"openssl ", r"python server\.py --ssl-certfile ", r"curl --cacert ")
+    ),
     Rule(r"curl ", "client"),
     Rule(r"[A-Z_]+=\S+$", "env"),
     Rule(r"bash scripts/install-perf-analyzer\.sh", "setup"),

@@ -17,6 +17,7 @@ from batching.models.engines.options import (
 )
 from batching.models.source import ModelSource, ModelSourceError
 from batching.runtime.cpus import CpuBudget, read_cpu_budget
+from batching.tls import CLIENT_CERT_MODES, TlsConfig, TlsError, load_certificates
 
 from .repository import RepositoryError, load_repository
 
@@ -55,6 +56,8 @@ class ServerSettings:
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
     #: The glibc allocator settings server.py applies (``auto``, ``off``); see batching/memory.py.
     malloc: str = "auto"
+    #: TLS (and mutual TLS) on HTTP and gRPC alike; None: plaintext.
+    tls: TlsConfig | None = None
 
 
 def torch_threads_for(models: Sequence[ModelConfig], cores: int, asked: str) -> int:
@@ -284,6 +287,28 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         default="auto",
         help="intra-op threads per instance; auto shares the cores out among the instances",
     )
+    parser.flag(
+        "--ssl-certfile",
+        help="serve HTTP and gRPC over TLS with this PEM certificate chain (the server's "
+        "certificate first); re-read for new connections when it changes",
+    )
+    parser.flag(
+        "--ssl-keyfile",
+        help="the unencrypted PEM private key of --ssl-certfile (unset: it is in --ssl-certfile)",
+    )
+    parser.flag(
+        "--ssl-ca-certs",
+        help="PEM bundle of the CAs client certificates must be signed by (mutual TLS; "
+        "needs --ssl-client-cert required or optional)",
+    )
+    parser.flag(
+        "--ssl-client-cert",
+        default="none",
+        choices=CLIENT_CERT_MODES,
+        help="required: a client without a certificate signed by --ssl-ca-certs is refused; "
+        "optional: HTTP asks for one and verifies it if sent (gRPC cannot ask without "
+        "requiring: it takes every TLS client); none: no client certificates",
+    )
     parser.flag("--log-level", default="info", help="debug, info, warning or error")
     parser.flag(
         "--log-format", default="text", choices=("text", "json"), help="log lines as text or JSON"
@@ -382,6 +407,14 @@ def parse_settings(
         except RepositoryError as exc:
             # The message names the file and key; the usage text would only bury it.
             parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    try:
+        tls = TlsConfig.from_flags(
+            args.ssl_certfile, args.ssl_keyfile, args.ssl_ca_certs, str(args.ssl_client_cert)
+        )
+        if tls is not None:
+            load_certificates(tls)  # a missing file or a key that does not match: one line
+    except TlsError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     grpc_port = DEFAULT_GRPC_PORT if args.grpc_port is None else int(args.grpc_port)
     if not 0 <= grpc_port <= 65535:
         parser.error(f"--grpc-port must be a port number, or 0 to turn gRPC off: {grpc_port}")
@@ -414,4 +447,5 @@ def parse_settings(
         cpu_budget=budget,
         connections=connections,
         malloc=str(args.malloc),
+        tls=tls,
     )
