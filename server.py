@@ -80,7 +80,20 @@ def build(
         grpc_port_explicit=settings.grpc_port_explicit,
         on_grpc_failure=on_grpc_failure,
         on_all_ready=on_all_ready,
+        api_keys=settings.api_keys,
+        cors_allow_origins=settings.cors_allow_origins,
+        metrics_port=settings.metrics_port,
     )
+
+
+def _listeners(config: uvicorn.Config, settings: ServerSettings) -> list[socket.socket] | None:
+    """The sockets uvicorn serves: None (uvicorn binds ``--host:--port`` itself), or with
+    ``--metrics-port`` the main socket and the metrics one, both on ``--host``; the app tells
+    them apart by their local port (batching/http/listeners.py)."""
+    if settings.metrics_port is None:
+        return None
+    metrics = uvicorn.Config(config.app, host=settings.host, port=settings.metrics_port)
+    return [config.bind_socket(), metrics.bind_socket()]
 
 
 def _raise_file_limit(connections: int) -> None:
@@ -155,6 +168,11 @@ def _ready_line(settings: ServerSettings, server: _Server, app: Starlette) -> st
     grpc_server = app.state.grpc
     if grpc_server is not None and grpc_server.serving:
         doors.append(f"gRPC at {grpc_server.address}")
+    if settings.metrics_port is not None:
+        host = f"[{settings.host}]" if ":" in settings.host else settings.host
+        doors.append(f"metrics at http://{host}:{settings.metrics_port}/metrics")
+    if settings.api_keys is not None:
+        doors.append(f"{settings.api_keys.count} API keys")
     return f"ready: serving {names} at {url} ({', '.join(doors)})"
 
 
@@ -236,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     server = _Server(config, app, settings.shutdown_timeout)
     server.ready_line = lambda: _ready_line(settings, server, app)
-    server.run()
+    server.run(sockets=_listeners(config, settings))
     if failures:
         print(f"server.py: error: {failures[0]}", file=sys.stderr)
         sys.exit(1)
@@ -260,6 +278,12 @@ def __getattr__(name: str) -> Starlette:
     if name != "app":
         raise AttributeError(name)
     settings = parse_settings([], os.environ)
+    if settings.metrics_port is not None:
+        # uvicorn binds the one listener it is told of; the second is server.py's to bind.
+        raise SystemExit(
+            "server.py: error: BATCHING_METRICS_PORT needs python server.py; under uvicorn "
+            "server:app, /metrics is served on uvicorn's port"
+        )
     configure_logging(settings.log_level, settings.log_format)
     return build(settings, _stop_this_process, _stop_this_process_for_grpc)
 
