@@ -258,10 +258,14 @@ def create_app(
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
     if api_keys is not None:
-        open_paths = OPEN_PATHS if metrics_port else OPEN_PATHS | {METRICS_PATH}
+        # /metrics is open wherever it is served: on the main port, or (with a metrics port)
+        # only on the metrics listener, whose other routes are the probes.
         unauthorized = metrics.unauthorized.labels("http")
         app.add_middleware(
-            ApiKeyMiddleware, keys=api_keys, open_paths=open_paths, on_refused=unauthorized.inc
+            ApiKeyMiddleware,
+            keys=api_keys,
+            open_paths=OPEN_PATHS | {METRICS_PATH},
+            on_refused=unauthorized.inc,
         )
     if metrics_port:
         app.add_middleware(ListenerRoutes, metrics_port=metrics_port)

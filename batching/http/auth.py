@@ -2,7 +2,7 @@
 
 When keys are set, every request needs one (``Authorization: Bearer KEY``, or ``api-key: KEY``),
 except the open paths: liveness and readiness (kubelet probes carry no key) and ``/metrics``
-while it is served on the main port. Deny by default: a path is open only if ``scope["path"]``
+(Prometheus; with ``--metrics-port`` it is served on its own listener only). Deny by default: a path is open only if ``scope["path"]``
 equals one of them exactly; a path the router would not serve needs a key too, so nothing
 about the routes shows to a caller without one. The path is the ASGI scope's, never a URL
 rebuilt from the ``Host`` header (Starlette's ``request.url`` is, which made vLLM's key check
@@ -29,8 +29,7 @@ from .middleware import request_id_of
 
 __all__ = ["OPEN_PATHS", "ApiKeyMiddleware", "MESSAGE"]
 
-#: Paths that answer without a key: the probes (the metrics route is added while it is on the
-#: main port).
+#: Paths that answer without a key: the probes (the app adds ``/metrics``).
 OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
 
 MESSAGE = "a valid API key is required: Authorization: Bearer KEY, or api-key: KEY"
