@@ -262,9 +262,7 @@ async def test_the_check_reads_the_scope_path_not_a_url_rebuilt_from_host() -> N
     app = app_with(model, api_keys=ApiKeys([KEY]))
     async with serving(app) as client:
         for host in ("localhost/v2/health/live?", "localhost/metrics#", "x/v2/health/ready?a="):
-            answer = await client.post(
-                "/v2/models/echo/infer", json=INFER, headers={"host": host}
-            )
+            answer = await client.post("/v2/models/echo/infer", json=INFER, headers={"host": host})
             assert answer.status_code == 401, host
         # Open paths are matched exactly: another spelling of one needs a key.
         assert (await client.get("//v2/health/live")).status_code == 401

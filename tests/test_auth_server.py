@@ -98,9 +98,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             if process.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError("the server never became ready")
             time.sleep(0.02)  # polling a probe, as an orchestrator does
-        yield Server(
-            url, f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{metrics_port}", secret
-        )
+        yield Server(url, f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{metrics_port}", secret)
     finally:
         process.terminate()
         output, _ = process.communicate(timeout=30)
@@ -165,8 +163,11 @@ def test_the_probes_stay_open_and_metrics_has_its_own_port(server: Server) -> No
 def test_a_host_header_cannot_make_a_keyed_path_look_open(server: Server) -> None:
     before = server.batches()
     status, _, _ = curl(
-        "-H", "Host: localhost/v2/health/live?", "-d", INFER_BODY, f"{server.url}/v2/models/"
-        f"{MODEL}/infer"
+        "-H",
+        "Host: localhost/v2/health/live?",
+        "-d",
+        INFER_BODY,
+        f"{server.url}/v2/models/{MODEL}/infer",
     )
     assert status == 401
     assert server.batches() == before

@@ -2,9 +2,10 @@
 
 When keys are set, every request needs one (``Authorization: Bearer KEY``, or ``api-key: KEY``),
 except the open paths: liveness and readiness (kubelet probes carry no key) and ``/metrics``
-(Prometheus; with ``--metrics-port`` it is served on its own listener only). Deny by default: a path is open only if ``scope["path"]``
-equals one of them exactly; a path the router would not serve needs a key too, so nothing
-about the routes shows to a caller without one. The path is the ASGI scope's, never a URL
+(Prometheus; with ``--metrics-port`` it is served on its own listener only). Deny by
+default: a path is open only if ``scope["path"]`` equals one of them exactly; a path the
+router would not serve needs a key too, so nothing about the routes shows to a caller
+without one. The path is the ASGI scope's, never a URL
 rebuilt from the ``Host`` header (Starlette's ``request.url`` is, which made vLLM's key check
 bypassable: CVE-2026-48746).
 
