@@ -92,8 +92,25 @@ def _listeners(config: uvicorn.Config, settings: ServerSettings) -> list[socket.
     them apart by their local port (batching/http/listeners.py)."""
     if settings.metrics_port is None:
         return None
-    metrics = uvicorn.Config(config.app, host=settings.host, port=settings.metrics_port)
-    return [config.bind_socket(), metrics.bind_socket()]
+    host, port = settings.host, settings.metrics_port
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    metrics = socket.socket(family, socket.SOCK_STREAM)
+    metrics.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        metrics.bind((host, port))
+    except OSError as exc:
+        metrics.close()
+        shown = f"[{host}]" if ":" in host else host
+        print(
+            f"server.py: error: cannot serve metrics on {shown}:{port}: "
+            f"{exc.strerror or exc} (--metrics-port picks another port)",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+    metrics.set_inheritable(True)
+    # The main socket second: uvicorn's bind says "running on" it, which must not be said of
+    # a server that then fails to start.
+    return [config.bind_socket(), metrics]
 
 
 def _raise_file_limit(connections: int) -> None:
@@ -121,6 +138,8 @@ class _Server(uvicorn.Server):
         self.grace = grace
         #: Said once the models are ready and uvicorn listens, whichever comes last.
         self.ready_line: Callable[[], str] | None = None
+        #: The metrics listener's port (``--metrics-port``), not the one :attr:`url` names.
+        self.metrics_port: int | None = None
         self._models_ready = False
 
     def models_ready(self) -> None:
@@ -155,8 +174,10 @@ class _Server(uvicorn.Server):
         port = config.port
         for server in getattr(self, "servers", []):
             for sock in server.sockets or []:
-                port = int(sock.getsockname()[1])
-                break
+                bound = int(sock.getsockname()[1])
+                if bound != self.metrics_port:
+                    port = bound
+                    break
         host = f"[{config.host}]" if ":" in config.host else config.host
         return f"http://{host}:{port}"
 
@@ -254,6 +275,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     server = _Server(config, app, settings.shutdown_timeout)
     server.ready_line = lambda: _ready_line(settings, server, app)
+    server.metrics_port = settings.metrics_port
     server.run(sockets=_listeners(config, settings))
     if failures:
         print(f"server.py: error: {failures[0]}", file=sys.stderr)

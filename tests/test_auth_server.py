@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -257,3 +258,53 @@ def test_rotating_the_key_file_takes_effect_without_a_restart(server: Server) ->
     status, _, _ = curl("-H", f"Authorization: Bearer {FLAG_KEY}", f"{server.url}/v2")
     assert status == 200  # the flag's key is not the file's to retire
     assert curl(f"{server.url}/v2")[0] == 401
+
+
+def start_failure(*args: str, env: dict[str, str] | None = None) -> tuple[int, list[str]]:
+    done = subprocess.run(
+        [sys.executable, "server.py", "--model", "tests.support.models:EchoModel", *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    errors = [
+        line
+        for line in done.stderr.splitlines()
+        if line.startswith("server.py:") or " ERROR " in line or "running on" in line.lower()
+    ]
+    assert "Traceback" not in done.stderr
+    return done.returncode, errors
+
+
+def test_a_server_meant_to_be_locked_never_starts_open(tmp_path: Path) -> None:
+    empty = tmp_path / "keys"
+    empty.write_text("\n")
+    port = str(free_port())
+    code, errors = start_failure("--port", port, "--grpc-port", "0", "--api-key-file", str(empty))
+    assert code == 2
+    assert errors == [f"server.py: error: --api-key-file {empty}: holds no key (one key per line)"]
+    code, errors = start_failure(
+        "--port", port, "--grpc-port", "0", env={"BATCHING_API_KEY_FILE": str(tmp_path / "no")}
+    )
+    assert code == 2
+    assert errors == [
+        f"server.py: error: --api-key-file {tmp_path / 'no'}: cannot be read "
+        "(No such file or directory)"
+    ]
+
+
+def test_a_taken_metrics_port_stops_the_start_with_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        metrics_port = taken.getsockname()[1]
+        code, errors = start_failure(
+            "--port", str(free_port()), "--grpc-port", "0", "--metrics-port", str(metrics_port)
+        )
+    assert code == 1
+    assert errors == [
+        f"server.py: error: cannot serve metrics on 127.0.0.1:{metrics_port}: Address already "
+        "in use (--metrics-port picks another port)"
+    ]
