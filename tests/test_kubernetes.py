@@ -8,10 +8,12 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from kubernetes_validate import utils as kubernetes_validate
 
+from batching.keys import ApiKeys
 from batching.models.engines.options import default_cache_dir
 from batching.settings.cli import DEFAULT_GRPC_PORT, build_parser
 from tests.support.asgi import app_with, serving
@@ -142,10 +144,22 @@ def test_hpa_and_keda_scale_the_deployment_on_the_same_signal_and_target() -> No
 async def test_every_probe_path_and_metric_name_is_served_by_the_real_server() -> None:
     assert metric_names(), "the manifests name no metric"
     assert promql_queries()
-    async with serving(app_with(EchoModel())) as client:
+    # The app as the manifest runs it: keys on, /metrics on the metrics port. The probes (on
+    # the http port) and Prometheus (on the metrics port) carry no key.
+    (deployment,) = of_kind("Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    settings = build_parser({}).parse_args(container["args"])
+    assert settings.api_key_file
+    app = app_with(
+        EchoModel(), api_keys=ApiKeys(["a-key"]), metrics_port=int(settings.metrics_port)
+    )
+    async with serving(app) as probes:
+        probes.base_url = httpx.URL(f"http://pod:{settings.port}")
         for path in sorted(probe_paths()):
-            assert (await client.get(path)).status_code == 200, path
-        metrics = (await client.get("/metrics")).text
+            assert (await probes.get(path)).status_code == 200, path
+        assert (await probes.get("/v2")).status_code == 401
+        probes.base_url = httpx.URL(f"http://pod:{settings.metrics_port}")
+        metrics = (await probes.get("/metrics")).text
     served = {line.split("{")[0].split(" ")[0] for line in metrics.splitlines()}
     assert metric_names() <= served, metric_names() - served
 
