@@ -125,9 +125,8 @@ def create_app(
         fails); if it is a default, the app logs one line and serves HTTP only.
     :param on_all_ready: called once, on the event loop, the first time every model is
         loaded and warm; by default the app logs ``ready: serving ...`` then.
-    :param api_keys: when given, every route and RPC but the health probes (and ``/metrics``
-        on the main port) needs one of these keys: :mod:`batching.http.auth`,
-        :mod:`batching.grpc.auth`.
+    :param api_keys: when given, every route and RPC but the health probes and ``/metrics``
+        needs one of these keys: :mod:`batching.http.auth`, :mod:`batching.grpc.auth`.
     :param cors_allow_origins: origins browsers may call from (CORS); none by default.
     :param metrics_port: the local port of a second listener the host binds for this app:
         ``/metrics`` and the probes are served there and ``/metrics`` no longer on the main
