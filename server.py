@@ -84,6 +84,9 @@ def build(
         on_grpc_failure=on_grpc_failure,
         on_all_ready=on_all_ready,
         tls=tls,
+        api_keys=settings.api_keys,
+        cors_allow_origins=settings.cors_allow_origins,
+        metrics_port=settings.metrics_port,
     )
 
 
@@ -119,6 +122,33 @@ def _log_tls(settings: ServerSettings, tls: CertificateFiles | None) -> None:
         )
 
 
+def _listeners(config: uvicorn.Config, settings: ServerSettings) -> list[socket.socket] | None:
+    """The sockets uvicorn serves: None (uvicorn binds ``--host:--port`` itself), or with
+    ``--metrics-port`` the main socket and the metrics one, both on ``--host``; the app tells
+    them apart by their local port (batching/http/listeners.py)."""
+    if settings.metrics_port is None:
+        return None
+    host, port = settings.host, settings.metrics_port
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    metrics = socket.socket(family, socket.SOCK_STREAM)
+    metrics.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        metrics.bind((host, port))
+    except OSError as exc:
+        metrics.close()
+        shown = f"[{host}]" if ":" in host else host
+        print(
+            f"server.py: error: cannot serve metrics on {shown}:{port}: "
+            f"{exc.strerror or exc} (--metrics-port picks another port)",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+    metrics.set_inheritable(True)
+    # The main socket second: uvicorn's bind says "running on" it, which must not be said of
+    # a server that then fails to start.
+    return [config.bind_socket(), metrics]
+
+
 def _raise_file_limit(connections: int) -> None:
     """Let the process hold its connection cap's sockets plus room for models and logs: a
     soft limit of 1,024 would make accept() fail (and stall) long before the cap."""
@@ -152,6 +182,8 @@ class _Server(uvicorn.Server):
         self.tls = tls
         #: Said once the models are ready and uvicorn listens, whichever comes last.
         self.ready_line: Callable[[], str] | None = None
+        #: The metrics listener's port (``--metrics-port``), not the one :attr:`url` names.
+        self.metrics_port: int | None = None
         self._models_ready = False
 
     def models_ready(self) -> None:
@@ -189,8 +221,10 @@ class _Server(uvicorn.Server):
         port = config.port
         for server in getattr(self, "servers", []):
             for sock in server.sockets or []:
-                port = int(sock.getsockname()[1])
-                break
+                bound = int(sock.getsockname()[1])
+                if bound != self.metrics_port:
+                    port = bound
+                    break
         host = f"[{config.host}]" if ":" in config.host else config.host
         scheme = "https" if config.is_ssl else "http"
         return f"{scheme}://{host}:{port}"
@@ -203,6 +237,11 @@ def _ready_line(settings: ServerSettings, server: _Server, app: Starlette) -> st
     grpc_server = app.state.grpc
     if grpc_server is not None and grpc_server.serving:
         doors.append(f"gRPC at {grpc_server.address}")
+    if settings.metrics_port is not None:
+        host = f"[{settings.host}]" if ":" in settings.host else settings.host
+        doors.append(f"metrics at http://{host}:{settings.metrics_port}/metrics")
+    if settings.api_keys is not None:
+        doors.append(f"{settings.api_keys.count} API keys")
     return f"ready: serving {names} at {url} ({', '.join(doors)})"
 
 
@@ -290,7 +329,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     server = _Server(config, app, settings.shutdown_timeout, tls)
     server.ready_line = lambda: _ready_line(settings, server, app)
-    server.run()
+    server.metrics_port = settings.metrics_port
+    server.run(sockets=_listeners(config, settings))
     if failures:
         print(f"server.py: error: {failures[0]}", file=sys.stderr)
         sys.exit(1)
@@ -314,6 +354,12 @@ def __getattr__(name: str) -> Starlette:
     if name != "app":
         raise AttributeError(name)
     settings = parse_settings([], os.environ)
+    if settings.metrics_port is not None:
+        # uvicorn binds the one listener it is told of; the second is server.py's to bind.
+        raise SystemExit(
+            "server.py: error: BATCHING_METRICS_PORT needs python server.py; under uvicorn "
+            "server:app, /metrics is served on uvicorn's port"
+        )
     configure_logging(settings.log_level, settings.log_format)
     tls = read_certificates(settings)
     if tls is not None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import grpc
 from tritonclient.grpc import service_pb2_grpc
@@ -71,6 +72,8 @@ class GrpcServer:
         so that several servers on one machine need no flag but HTTP's.
     :param tls: serve TLS (and mutual TLS) with these certificates, re-read for new
         connections when their files change (:mod:`batching.grpc.tls`); None: plaintext.
+    :param interceptors: ``grpc.aio.ServerInterceptor`` s every call passes, in order (the
+        API key check, :mod:`.auth`).
     """
 
     def __init__(
@@ -82,6 +85,7 @@ class GrpcServer:
         explicit: bool = True,
         on_failure: Callable[[str], None] | None = None,
         tls: CertificateFiles | None = None,
+        interceptors: Sequence[Any] = (),
     ) -> None:
         self.plane = plane
         self.tls = tls
@@ -89,6 +93,7 @@ class GrpcServer:
         self.port = port
         self.explicit = explicit
         self.on_failure = on_failure
+        self.interceptors = list(interceptors)
         self._server: grpc.aio.Server | None = None
         self._stopping: asyncio.Task[None] | None = None
 
@@ -109,7 +114,7 @@ class GrpcServer:
         if problem is not None:
             self._refuse(problem)
             return
-        server = grpc.aio.server(options=OPTIONS)
+        server = grpc.aio.server(options=OPTIONS, interceptors=self.interceptors or None)
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
             InferenceServicer(self.plane), server
         )

@@ -6,9 +6,11 @@ import argparse
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from batching.config import BatchingConfig, ModelConfig
 from batching.http.connections import ConnectionLimits
+from batching.keys import ApiKeyError, ApiKeys, split_keys
 from batching.models.engines.options import (
     ENGINES,
     PRECISIONS,
@@ -58,6 +60,12 @@ class ServerSettings:
     malloc: str = "auto"
     #: TLS (and mutual TLS) on HTTP and gRPC alike; None: plaintext.
     tls: TlsConfig | None = None
+    #: The API keys every door asks for (``--api-key``, ``--api-key-file``); None: no key.
+    api_keys: ApiKeys | None = None
+    #: Origins browsers may call from (``--cors-allow-origin``); none: CORS is off.
+    cors_allow_origins: tuple[str, ...] = ()
+    #: A second listener on ``host`` for ``/metrics`` and the probes; None: the main port.
+    metrics_port: int | None = None
 
 
 def torch_threads_for(models: Sequence[ModelConfig], cores: int, asked: str) -> int:
@@ -111,6 +119,38 @@ class _Parser(argparse.ArgumentParser):
             choices=choices,
             help=f"{help}{shown} [env {env}]",
         )
+
+    def repeated_flag(self, flag: str, *, help: str) -> None:
+        """A flag that may be given several times; its variable twin holds a comma list, used
+        only when the flag is not given."""
+        env = _env_name(flag)
+        self.add_argument(
+            flag,
+            action="append",
+            default=None,
+            help=f"{help} (repeatable) [env {env}, comma-separated]",
+        )
+
+
+def _repeated(given: list[str] | None, flag: str, environ: Mapping[str, str]) -> list[str]:
+    """The values of a repeatable flag: the flags given, else its variable's comma list."""
+    if given is not None:
+        return [value for text in given for value in split_keys(text)]
+    return split_keys(environ.get(_env_name(flag), ""))
+
+
+def _origin(origin: str) -> str:
+    """A CORS origin as browsers send it: ``scheme://host[:port]``, or ``*`` for any."""
+    if origin == "*":
+        return origin
+    parts = urlsplit(origin)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):
+        raise ValueError(
+            f"--cors-allow-origin: {origin!r} is not an origin (scheme://host[:port], or *)"
+        )
+    if parts.query or parts.fragment or "@" in parts.netloc:
+        raise ValueError(f"--cors-allow-origin: {origin!r} is not an origin")
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
@@ -309,6 +349,28 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         "optional: HTTP asks for one and verifies it if sent (gRPC cannot ask without "
         "requiring: it takes every TLS client); none: no client certificates",
     )
+    parser.repeated_flag(
+        "--api-key",
+        help="a key every door then asks for (HTTP Authorization: Bearer KEY or api-key: KEY; "
+        "gRPC metadata authorization: Bearer KEY), except the health probes and /metrics; "
+        "prefer --api-key-file, which ps does not show",
+    )
+    parser.flag(
+        "--api-key-file",
+        help="a file of keys, one per line (a mounted Kubernetes Secret): re-read when it "
+        "changes, so keys rotate without a restart; empty or unreadable at start is an error",
+    )
+    parser.repeated_flag(
+        "--cors-allow-origin",
+        help="an origin (https://app.example.com, or * for any) whose pages may call the "
+        "server from a browser; unset: CORS is off",
+    )
+    parser.flag(
+        "--metrics-port",
+        type=int,
+        help="serve /metrics (and the health probes) on this port of --host instead of the "
+        "main port, so it can be firewalled apart (default: /metrics on the main port)",
+    )
     parser.flag("--log-level", default="info", help="debug, info, warning or error")
     parser.flag(
         "--log-format", default="text", choices=("text", "json"), help="log lines as text or JSON"
@@ -432,6 +494,29 @@ def parse_settings(
         )
     except ValueError as exc:
         parser.error(str(exc))
+    keys = _repeated(args.api_key, "--api-key", environment)
+    api_keys = None
+    if keys or args.api_key_file:
+        try:
+            api_keys = ApiKeys(keys, args.api_key_file or None)
+        except ApiKeyError as exc:
+            # One line that names the flag (and the file), never a key.
+            parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    try:
+        origins = tuple(
+            _origin(origin)
+            for origin in _repeated(args.cors_allow_origin, "--cors-allow-origin", environment)
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    metrics_port = None if args.metrics_port is None else int(args.metrics_port)
+    if metrics_port is not None and not (
+        1 <= metrics_port <= 65535 and metrics_port not in (int(args.port), grpc_port)
+    ):
+        parser.error(
+            f"--metrics-port must be a port number other than --port and --grpc-port: "
+            f"{metrics_port}"
+        )
     return ServerSettings(
         host=str(args.host),
         port=int(args.port),
@@ -448,4 +533,7 @@ def parse_settings(
         connections=connections,
         malloc=str(args.malloc),
         tls=tls,
+        api_keys=api_keys,
+        cors_allow_origins=origins,
+        metrics_port=metrics_port,
     )
