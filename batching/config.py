@@ -59,6 +59,9 @@ class ModelConfig:
     #: Where exported engines and start-up measurements are kept; None: the default folder
     #: (``$BATCHING_ENGINE_CACHE``, ``$XDG_CACHE_HOME/batching/engines``, ``~/.cache/...``).
     engine_cache: str | None = None
+    #: Embedding models: cut texts longer than the model's maximum length (True), or refuse
+    #: them with a 413 unless a request sends ``truncate: true`` (False, ``--no-truncate``).
+    truncate: bool = True
     #: ``source`` and ``task`` parsed (at construction, once); pass one already parsed to
     #: skip the parse.
     spec: ModelSource | None = field(default=None, compare=False, repr=False)

@@ -20,6 +20,7 @@ def encode_infer_response(
     request_id: str | None,
     outputs: list[InferTensor],
     binary_outputs: set[str],
+    parameters: dict[str, Any] | None = None,
 ) -> tuple[bytes, int | None]:
     """Encode a v2 infer response.
 
@@ -58,6 +59,8 @@ def encode_infer_response(
         response["model_version"] = model_version
     if request_id is not None:
         response["id"] = request_id
+    if parameters:
+        response["parameters"] = parameters
     response["outputs"] = entries
     header = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
     if not any(tensor.name in binary_outputs for tensor in outputs):
