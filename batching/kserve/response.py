@@ -43,15 +43,15 @@ def encode_infer_response(
             "datatype": tensor.datatype,
             "shape": [int(dim) for dim in tensor.shape],
         }
-        parameters = dict(tensor.parameters)
+        own = dict(tensor.parameters)
         if tensor.name in binary_outputs:
             raw = _binary_from_array(tensor.datatype, data)
-            parameters["binary_data_size"] = len(raw)
+            own["binary_data_size"] = len(raw)
             buffers.append(raw)
         else:
             entry["data"] = _json_from_array(tensor.name, tensor.datatype, data)
-        if parameters:
-            entry["parameters"] = parameters
+        if own:
+            entry["parameters"] = own
         entries.append(entry)
 
     response: dict[str, Any] = {"model_name": model_name}
