@@ -31,7 +31,6 @@ from tests.support.asgi import serving
 from tests.support.embedder import (
     DIM,
     MAX_SEQ,
-    PROMPTS,
     RANGES,
     OptionEmbedder,
     vector_of,
