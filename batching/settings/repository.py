@@ -50,6 +50,8 @@ _TOP_KEYS = (
     "engine",
     "precision",
     "truncate",
+    "default_prompt_name",
+    "default_prompt",
 )
 
 
@@ -113,6 +115,7 @@ def model_from_table(
     engine = top.choice("engine", ENGINES, base.engine)
     precision = top.choice("precision", PRECISIONS, base.precision)
     truncate = _truncate(top, base.truncate)
+    prompt_name, prompt = _prompt(top, base)
     top.finish(_TOP_KEYS)
     try:
         return ModelConfig(
@@ -131,6 +134,8 @@ def model_from_table(
             precision=precision,
             engine_cache=base.engine_cache,
             truncate=truncate,
+            default_prompt_name=prompt_name,
+            default_prompt=prompt,
         )
     except ValueError as exc:  # cross-field rules the checks above do not cover
         raise RepositoryError(f"{file}: {path + ': ' if path else ''}{exc}") from exc
@@ -144,6 +149,20 @@ def _truncate(top: Table, default: bool) -> bool:
     if not isinstance(value, bool):
         raise top.error("truncate", "must be true or false", value)
     return value
+
+
+def _prompt(top: Table, base: ModelConfig) -> tuple[str | None, str | None]:
+    """``default_prompt_name`` and ``default_prompt`` (a table that sets one drops the other's
+    inherited value; setting both is refused when the model is configured)."""
+    name = top.string("default_prompt_name")
+    text = top.get("default_prompt")
+    if text is MISSING:
+        text = None
+    elif not isinstance(text, str):
+        raise top.error("default_prompt", "must be a string", text)
+    if name is None and text is None:
+        return base.default_prompt_name, base.default_prompt
+    return name, text
 
 
 def _source(top: Table, folder: Path, own_folder: bool) -> str | None:
