@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,6 +28,8 @@ from batching.codecs.embed_options import (
 )
 from batching.errors import InvalidRequest
 from batching.models.items import EmbedItem
+from batching.settings.cli import parse_settings
+from batching.settings.repository import RepositoryError, load_repository
 from tests.support.asgi import serving
 from tests.support.embedder import (
     DIM,
@@ -396,3 +399,32 @@ def test_tritonclient_grpc_sends_options_as_parameters(
         assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
         assert fragment in str(caught.value.message())
     client.close()
+
+
+# --- the server-wide default -------------------------------------------------------------------
+
+
+def test_no_truncate_is_a_flag_a_variable_and_a_repository_key(tmp_path: Path) -> None:
+    assert parse_settings([], environ={}).models[0].truncate is True
+    assert parse_settings(["--no-truncate"], environ={}).models[0].truncate is False
+    env = {"BATCHING_NO_TRUNCATE": "1"}
+    assert parse_settings([], environ=env).models[0].truncate is False
+    with pytest.raises(SystemExit, match="BATCHING_NO_TRUNCATE"):
+        parse_settings([], environ={"BATCHING_NO_TRUNCATE": "maybe"})
+    file = tmp_path / "models.toml"
+    file.write_text(
+        '[models.cut]\nsource = "tests.support.models:EchoModel"\n'
+        '[models.whole]\nsource = "tests.support.models:EchoModel"\ntruncate = false\n',
+        encoding="utf-8",
+    )
+    cut, whole = load_repository(file)
+    assert (cut.truncate, whole.truncate) == (True, False)
+    # The command line's default is every model's that sets none.
+    cut, whole = load_repository(file, defaults=ModelConfig(name="x", truncate=False))
+    assert (cut.truncate, whole.truncate) == (False, False)
+    file.write_text(
+        '[models.bad]\nsource = "tests.support.models:EchoModel"\ntruncate = "no"\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(RepositoryError, match="truncate"):
+        load_repository(file)
