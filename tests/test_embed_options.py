@@ -286,6 +286,18 @@ async def test_v2_json_takes_options_as_parameters_and_reports_truncation(http: 
         assert answer.status_code == 400 and fragment in answer.json()["error"]
     answer = await infer({"truncate": False})
     assert answer.status_code == 413
+    # The output's own parameters may carry its encoding and dimensions; nothing else new.
+    body = {
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [SHORT]}],
+        "outputs": [{"name": "embedding", "parameters": {"encoding": "uint8", "dimensions": 8}}],
+    }
+    answer = await client.post("/v2/models/opts/infer", json=body)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["outputs"][0]["datatype"] == "UINT8"
+    assert answer.json()["outputs"][0]["shape"] == [1, 8]
+    body["outputs"][0]["parameters"] = {"precision": "int8"}  # type: ignore[index]
+    answer = await client.post("/v2/models/opts/infer", json=body)
+    assert answer.status_code == 400 and "'precision'" in answer.json()["error"]
     echo_body = {
         "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["x"]}],
         "parameters": {"custom": 1},

@@ -32,6 +32,8 @@ from .describe import input_names, output_names
 from .tensors import InferRequest, InferTensor, rows_from_tensor, tensor_from_rows
 
 __all__ = [
+    "OUTPUT_OPTIONS",
+    "TRITON_OUTPUT_PARAMETERS",
     "TRITON_PARAMETERS",
     "embedding_parameters",
     "embedding_plan",
@@ -177,11 +179,27 @@ def output_tensors(deployment: Deployment, outputs: Any) -> list[InferTensor]:
     return [tensor_from_rows(output_names(deployment)[0], outputs)]
 
 
+#: Parameters of a requested output in Triton's protocol (the ones this server refuses, such
+#: as ``classification``, are refused when the request is parsed).
+TRITON_OUTPUT_PARAMETERS = frozenset(
+    {
+        "binary_data",
+        "classification",
+        "shared_memory_region",
+        "shared_memory_byte_size",
+        "shared_memory_offset",
+    }
+)
+#: Embedding options a requested output may carry instead of the request: they shape it.
+OUTPUT_OPTIONS = frozenset({"encoding", "dimensions"})
+
+
 def embedding_plan(
     deployment: Deployment, request: InferRequest, items: list[Any]
 ) -> EmbedPlan | None:
-    """The embedding plan of ``request``'s parameters, or None when the request goes the
-    plain way (a model without embedding options, asked for none).
+    """The embedding plan of ``request``'s parameters (and of its requested output's
+    ``encoding`` and ``dimensions``), or None when the request goes the plain way (a model
+    without embedding options, asked for none).
 
     :raises OptionError: an unknown parameter, or an option the model cannot apply.
     """
@@ -190,6 +208,20 @@ def embedding_plan(
         for key, value in request.parameters.items()
         if key not in TRITON_PARAMETERS and value is not None
     }
+    for output in request.outputs:
+        for key, value in output.parameters.items():
+            if key in TRITON_OUTPUT_PARAMETERS or value is None:
+                continue
+            if key not in OUTPUT_OPTIONS:
+                raise InvalidRequest(
+                    f"output {output.name!r} has the unknown parameter {key!r}; an output "
+                    f"takes {', '.join(sorted(TRITON_OUTPUT_PARAMETERS | OUTPUT_OPTIONS))}"
+                )
+            if key in options and options[key] != value:
+                raise InvalidRequest(
+                    f"{key!r} is set both on the request and on output {output.name!r}"
+                )
+            options[key] = value
     metadata = deployment.metadata
     if not options:
         if embedding_info(metadata) is None or not is_embedding_model(metadata):
