@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import numpy as np
 import openai
+import orjson
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
@@ -286,6 +287,9 @@ async def test_v2_json_takes_options_as_parameters_and_reports_truncation(http: 
         assert answer.status_code == 400 and fragment in answer.json()["error"]
     answer = await infer({"truncate": False})
     assert answer.status_code == 413
+    config = (await client.get("/v2/models/strict/config")).json()["parameters"]
+    assert config["truncate"] == {"string_value": "false"}
+    assert orjson.loads(config["embedding"]["string_value"]) == METADATA["embedding"]
     # The output's own parameters may carry its encoding and dimensions; nothing else new.
     body = {
         "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [SHORT]}],
