@@ -214,6 +214,9 @@ async def test_plain_truncation_is_counted_refused_on_request_and_cut_left(http:
     metrics = (await client.get("/metrics")).text
     assert sample(metrics, "batching_truncated_inputs_total", 0.0, model="opts") == 1
     assert sample(metrics, "batching_truncated_inputs_total", 0.0, model="strict") == 1
+    # The two 413s are refusals at the edge, counted as a body over the limit is.
+    assert sample(metrics, "batching_rejected_total", 0.0, model="opts", reason="too_large") == 1
+    assert sample(metrics, "batching_rejected_total", 0.0, model="strict", reason="too_large") == 1
 
 
 async def test_plain_encodings_equal_quantize_embeddings_with_the_shown_ranges(
