@@ -117,9 +117,7 @@ def test_a_decoder_embedder_pads_left_and_pools_its_last_token_as_encode(decoder
     np.testing.assert_allclose(alone, reference.encode(TEXTS), atol=1e-5)
 
 
-def test_a_decoder_embedder_under_engine_auto_matches_encode(
-    decoder: Path, tmp_path: Path
-) -> None:
+def test_a_decoder_embedder_under_engine_auto_matches_encode(decoder: Path, tmp_path: Path) -> None:
     # auto checks every engine against torch fp32 on left-padded calibration batches; what it
     # keeps must still equal sentence-transformers.
     options = EngineOptions(

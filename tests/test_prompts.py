@@ -251,16 +251,12 @@ def test_the_flags_are_refused_beside_a_repository(
 ) -> None:
     (tmp_path / "repo").mkdir()
     with pytest.raises(SystemExit) as exited:
-        parse_settings(
-            ["--model-repository", str(tmp_path / "repo"), "--default-prompt", "x"], {}
-        )
+        parse_settings(["--model-repository", str(tmp_path / "repo"), "--default-prompt", "x"], {})
     assert exited.value.code == 2
     assert "set default_prompt_name or default_prompt in each" in capsys.readouterr().err
 
 
-def test_repository_keys_set_the_default_prompt(
-    folders: dict[str, Path], tmp_path: Path
-) -> None:
+def test_repository_keys_set_the_default_prompt(folders: dict[str, Path], tmp_path: Path) -> None:
     source = folders["default"]
     path = tmp_path / "models.toml"
     path.write_text(
