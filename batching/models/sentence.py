@@ -200,15 +200,22 @@ class SentenceEmbedder:
                 sample=self._sample,
             )
         )
-        # The int8/uint8 ranges, from the chosen engine's vectors of the calibration texts.
+        self._quantization = Calibration(self._calibration_vectors(), self.normalize)
+
+    def _calibration_vectors(self) -> np.ndarray:
+        """The chosen engine's vectors of the calibration texts (for the int8/uint8 ranges),
+        run shortest first so that each batch pads little."""
         texts = calibration_sentences()
-        vectors = np.concatenate(
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        ran = np.concatenate(
             [
-                self.predict(texts[start : start + _CALIBRATION_BATCH])
-                for start in range(0, len(texts), _CALIBRATION_BATCH)
+                self.predict([texts[i] for i in order[start : start + _CALIBRATION_BATCH]])
+                for start in range(0, len(order), _CALIBRATION_BATCH)
             ]
         )
-        self._quantization = Calibration(vectors, self.normalize)
+        vectors = np.empty_like(ran)
+        vectors[order] = ran
+        return vectors
 
     def _load_encoder(self) -> Any:
         model = transformers.AutoModel.from_pretrained(str(self.path))
