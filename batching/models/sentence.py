@@ -200,15 +200,22 @@ class SentenceEmbedder:
                 sample=self._sample,
             )
         )
-        # The int8/uint8 ranges, from the chosen engine's vectors of the calibration texts.
+        self._quantization = Calibration(self._calibration_vectors(), self.normalize)
+
+    def _calibration_vectors(self) -> np.ndarray:
+        """The chosen engine's vectors of the calibration texts (for the int8/uint8 ranges),
+        run shortest first so that each batch pads little."""
         texts = calibration_sentences()
-        vectors = np.concatenate(
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        ran = np.concatenate(
             [
-                self.predict(texts[start : start + _CALIBRATION_BATCH])
-                for start in range(0, len(texts), _CALIBRATION_BATCH)
+                self.predict([texts[i] for i in order[start : start + _CALIBRATION_BATCH]])
+                for start in range(0, len(order), _CALIBRATION_BATCH)
             ]
         )
-        self._quantization = Calibration(vectors, self.normalize)
+        vectors = np.empty_like(ran)
+        vectors[order] = ran
+        return vectors
 
     def _load_encoder(self) -> Any:
         model = transformers.AutoModel.from_pretrained(str(self.path))
@@ -340,9 +347,14 @@ class SentenceEmbedder:
     def _dense(self, vector: np.ndarray, item: EmbedItem) -> np.ndarray:
         vector = shorten(vector, item.dimensions, self.normalize)
         if item.encoding in ("int8", "uint8"):
-            assert self._quantization is not None, "calibrated in load()"
-            return quantize(vector, item.encoding, self._quantization.ranges(item.dimensions))
+            return quantize(vector, item.encoding, self.quantization_ranges(item.dimensions))
         return quantize(vector, item.encoding)
+
+    def quantization_ranges(self, dimensions: int | None = None) -> np.ndarray | None:
+        """The int8/uint8 ranges ``[2, width]`` for vectors of ``dimensions`` (all when None),
+        calibrated at load; None before."""
+        quantization = self._quantization
+        return None if quantization is None else quantization.ranges(dimensions)
 
     def _prompt_lengths_of(self, prompts: list[str]) -> torch.Tensor:
         """Per row, the tokens its prompt takes (sentence-transformers' prompt length)."""
