@@ -123,6 +123,11 @@ def model_metadata(deployment: Deployment) -> dict[str, Any]:
         # What runs the model and why (the figures measured at start-up); not a v2 field,
         # so clients that read only the protocol's fields ignore it.
         described["engine"] = engine
+    embedding = deployment.metadata.get("embedding")
+    if isinstance(embedding, dict):
+        # The embedding options the model applies (prompts, max_seq_length, encodings, the
+        # int8/uint8 quantization ranges calibrated at warm-up); not a v2 field either.
+        described["embedding"] = embedding
     return described
 
 
@@ -134,6 +139,19 @@ def _engine_parameters(deployment: Deployment) -> dict[str, object]:
         "engine": engine.get("engine"),
         "precision": engine.get("precision"),
         "engine_decision": orjson.dumps(engine).decode(),
+    }
+
+
+def _embedding_parameters(deployment: Deployment) -> dict[str, object]:
+    """An embedding model's options (prompts, quantization ranges...) as one JSON string, so
+    that gRPC clients, whose metadata message has no room for them, can read them too; and
+    whether it cuts over-long texts by default (``--no-truncate``)."""
+    embedding = deployment.metadata.get("embedding")
+    if not isinstance(embedding, dict):
+        return {}
+    return {
+        "embedding": orjson.dumps(embedding).decode(),
+        "truncate": str(deployment.config.truncate).lower(),
     }
 
 
@@ -222,6 +240,7 @@ def model_config(deployment: Deployment) -> dict[str, Any]:
                 "instance_kind": config.instance_kind,
                 "devices": ",".join(config.devices),
                 **_engine_parameters(deployment),
+                **_embedding_parameters(deployment),
             }
         ),
     }
