@@ -19,9 +19,11 @@ from batching.config import ModelConfig
 from batching.grpc import GrpcServer
 from batching.http.errors import EXCEPTION_HANDLERS
 from batching.http.middleware import RequestIdMiddleware
+from batching.http.multivector import multivector_routes
 from batching.http.openai import openai_routes
 from batching.http.plain import plain_routes
 from batching.http.rerank import rerank_routes
+from batching.http.tokens import token_routes
 from batching.http.v2 import v2_routes
 from batching.metrics import Metrics
 from batching.models.default import DEFAULT_MODEL_NAME
@@ -213,6 +215,8 @@ def create_app(
         *v2_routes(plane, max_body_bytes),
         *openai_routes(plane, max_body_bytes),
         *rerank_routes(plane, max_body_bytes),
+        *token_routes(plane, max_body_bytes),
+        *multivector_routes(plane, max_body_bytes),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
     app.add_middleware(RequestIdMiddleware)
