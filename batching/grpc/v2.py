@@ -26,6 +26,7 @@ from batching.answers import answer_log
 from batching.errors import BatchingError, ModelNotFound
 from batching.kserve import describe
 from batching.kserve.infer import items_of, output_tensors, timeout_parameter
+from batching.kserve.multivector import per_token_counts
 from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
 
@@ -150,7 +151,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             asked = _lower(context.time_remaining(), timeout_parameter(parsed.parameters))
             deadline = plane.deadline(deployment, asked)
             items = items_of(deployment, parsed)
-            outputs = await self._infer(deployment, items, deadline, rid)
+            tokens, token_cap = await per_token_counts(plane, deployment, parsed, items)
+            outputs = await self._infer(deployment, items, deadline, rid, tokens, token_cap)
             if outputs is None:
                 status = CANCELLED
                 await context.abort(grpc.StatusCode.CANCELLED, "the call was cancelled")
@@ -158,7 +160,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 deployment.name,
                 deployment.config.version,
                 parsed.id,
-                output_tensors(deployment, outputs),
+                output_tensors(deployment, outputs, parsed.outputs),
             )
             status = 200
             return response
@@ -176,12 +178,25 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             plane.record(deployment, status, started)
 
     async def _infer(
-        self, deployment: Deployment, items: list[Any], deadline: float, rid: str
+        self,
+        deployment: Deployment,
+        items: list[Any],
+        deadline: float,
+        rid: str,
+        tokens: list[int] | None = None,
+        token_cap: int | None = None,
     ) -> list[Any] | None:
         """``items`` through the data plane. grpc cancels this handler when the call ends
         (cancelled, or past its deadline); the data plane then drops the items wherever they
         are in the queue, as it does for a closed HTTP client."""
-        return await self.plane.infer(deployment, items, deadline=deadline, request_id=rid)
+        return await self.plane.infer(
+            deployment,
+            items,
+            deadline=deadline,
+            request_id=rid,
+            tokens=tokens,
+            token_cap=token_cap,
+        )
 
     def _request_id(self, request: Any, context: Any) -> str:
         """The caller's ``x-request-id`` metadata, else the request's ``id``, else a new one."""

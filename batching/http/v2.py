@@ -18,6 +18,7 @@ from starlette.routing import Route
 from batching.errors import InvalidRequest
 from batching.kserve import describe
 from batching.kserve.infer import items_of, output_tensors, timeout_parameter
+from batching.kserve.multivector import per_token_counts
 from batching.kserve.request import parse_infer_request
 from batching.kserve.response import encode_infer_response
 from batching.runtime.deployment import Deployment
@@ -93,7 +94,10 @@ def v2_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
             asked = _lower(asked, timeout_parameter(parsed.parameters))
             deadline = plane.deadline(deployment, asked)
             items = items_of(deployment, parsed)
-            outputs = await infer_for_request(plane, request, deployment, items, deadline)
+            tokens, token_cap = await per_token_counts(plane, deployment, parsed, items)
+            outputs = await infer_for_request(
+                plane, request, deployment, items, deadline, tokens=tokens, token_cap=token_cap
+            )
             if outputs is None:
                 outcome.status = CLIENT_CLOSED
                 return Response(status_code=CLIENT_CLOSED)
@@ -101,7 +105,7 @@ def v2_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
                 deployment.name,
                 deployment.config.version,
                 parsed.id,
-                output_tensors(deployment, outputs),
+                output_tensors(deployment, outputs, parsed.outputs),
                 parsed.binary_output_names(describe.output_names(deployment)),
             )
             outcome.status = 200

@@ -4,6 +4,7 @@ for, and the response tensors of the outputs."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from batching.codecs.inputs import InputSpec, input_specs, required_names
@@ -12,7 +13,21 @@ from batching.errors import InvalidRequest, UnprocessableInput
 from batching.runtime.deployment import Deployment
 
 from .describe import input_names, output_names
-from .tensors import InferRequest, InferTensor, rows_from_tensor, tensor_from_rows
+from .multivector import (
+    TOKEN_OUTPUTS,
+    asks_tokens,
+    is_per_token,
+    token_items,
+    token_output_names,
+    token_tensors,
+)
+from .tensors import (
+    InferRequest,
+    InferTensor,
+    RequestedOutput,
+    rows_from_tensor,
+    tensor_from_rows,
+)
 
 __all__ = ["items_of", "output_tensors", "timeout_parameter"]
 
@@ -38,7 +53,10 @@ def items_of(deployment: Deployment, request: InferRequest) -> list[Any]:
     with the same first dimension; item ``i`` is the dict of every tensor's row ``i``, by
     name (``text`` and ``text_pair`` for a text-pair classifier).
 
-    :raises InvalidRequest: wrong input or output names, or no items.
+    Asking for the per-token outputs (see :mod:`batching.kserve.multivector`) makes the
+    texts per-token items, with the request's options.
+
+    :raises InvalidRequest: wrong input or output names, no items, or a bad option.
     :raises UnprocessableInput: a text input sent as something other than BYTES.
     """
     specs = input_specs(deployment.metadata)
@@ -46,13 +64,15 @@ def items_of(deployment: Deployment, request: InferRequest) -> list[Any]:
         items = _named_items(deployment, request, specs)
     else:
         items = _single_items(deployment, request)
-    available = output_names(deployment)
+    available = output_names(deployment) + token_output_names(deployment)
     for wanted in request.outputs:
         if wanted.name not in available:
             raise InvalidRequest(
                 f"unexpected inference output {wanted.name!r} for model "
                 f"{deployment.name!r}; it has {', '.join(available)}"
             )
+    if asks_tokens(deployment, request):
+        return token_items(deployment, request, items)
     return items
 
 
@@ -132,6 +152,12 @@ def _named_items(
     return [{name: columns[name][index] for name in names} for index in range(count)]
 
 
-def output_tensors(deployment: Deployment, outputs: Any) -> list[InferTensor]:
-    """The response tensors of ``outputs``, one row per item, under the model's output name."""
+def output_tensors(
+    deployment: Deployment, outputs: Any, requested: Sequence[RequestedOutput] = ()
+) -> list[InferTensor]:
+    """The response tensors of ``outputs``, one row per item, under the model's output name;
+    per-token outputs as the ragged tensors ``requested``."""
+    if is_per_token(outputs):
+        names = [output.name for output in requested if output.name in TOKEN_OUTPUTS]
+        return token_tensors(outputs, names or TOKEN_OUTPUTS)
     return [tensor_from_rows(output_names(deployment)[0], outputs)]
