@@ -15,6 +15,7 @@ from batching.models.engines.options import (
     EngineConfigError,
     default_cache_dir,
 )
+from batching.models.prompts import PromptConfigError
 from batching.models.source import ModelSource, ModelSourceError
 from batching.runtime.cpus import CpuBudget, read_cpu_budget
 
@@ -280,6 +281,17 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         f"{default_cache_dir({})}, or under $XDG_CACHE_HOME)",
     )
     parser.flag(
+        "--default-prompt-name",
+        help="the prompt prepended to every text that names none: one of the folder's "
+        "config_sentence_transformers.json prompts, overriding its default_prompt_name "
+        "(exclusive with --default-prompt)",
+    )
+    parser.flag(
+        "--default-prompt",
+        help="a literal prompt prepended to every text that names none, overriding the "
+        "folder's default_prompt_name ('' for none; exclusive with --default-prompt-name)",
+    )
+    parser.flag(
         "--torch-threads",
         default="auto",
         help="intra-op threads per instance; auto shares the cores out among the instances",
@@ -342,6 +354,19 @@ def parse_settings(
                 f"{', '.join(single)} cannot be combined with --model-repository: each model's "
                 "config.toml gives its own source, task and name"
             )
+    if args.model_repository:
+        prompts = {
+            "--default-prompt-name": args.default_prompt_name,
+            "--default-prompt": args.default_prompt,
+        }
+        set_prompts = [flag for flag, value in prompts.items() if value is not None]
+        if set_prompts:
+            parser.exit(
+                2,
+                f"{parser.prog}: error: {', '.join(set_prompts)} cannot be combined with "
+                "--model-repository: set default_prompt_name or default_prompt in each model's "
+                "config.toml\n",
+            )
     try:
         source = ModelSource.parse(args.model, args.task)
     except ModelSourceError as exc:
@@ -370,8 +395,12 @@ def parse_settings(
             engine=str(args.engine),
             precision=str(args.precision),
             engine_cache=args.engine_cache or None,
+            default_prompt_name=args.default_prompt_name,
+            default_prompt=args.default_prompt,
         )
     except EngineConfigError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    except PromptConfigError as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     except ValueError as exc:
         parser.error(str(exc))
