@@ -65,6 +65,9 @@ class ModelConfig:
     default_prompt_name: str | None = None
     #: A literal default prompt ("" for none), overriding the folder's.
     default_prompt: str | None = None
+    #: Embedding models: cut texts longer than the model's maximum length (True), or refuse
+    #: them with a 413 unless a request sends ``truncate: true`` (False, ``--no-truncate``).
+    truncate: bool = True
     #: ``source`` and ``task`` parsed (at construction, once); pass one already parsed to
     #: skip the parse.
     spec: ModelSource | None = field(default=None, compare=False, repr=False)

@@ -199,7 +199,7 @@ async def test_embed_all_without_truncation_refuses_a_long_text_with_413(
     )
     assert response.status_code == 413
     error = response.json()["error"]
-    assert "inputs[1] has 15 tokens" in error and "at most 12 tokens" in error
+    assert "input 1 has 15 tokens" in error and "limit of 12 tokens" in error
     # The prompt counts: 8 characters fit alone, not after "q: ".
     prompted = await client.post(
         "/embed_all", json={"inputs": "a" * 8, "truncate": False, "prompt_name": "query"}
@@ -212,8 +212,11 @@ async def test_embed_all_without_truncation_refuses_a_long_text_with_413(
     ("body", "words"),
     [
         ({"inputs": "a", "truncate": "no"}, "true or false"),
-        ({"inputs": "a", "truncation_direction": "middle"}, "'right' or 'left'"),
+        ({"inputs": "a", "truncation_direction": "middle"}, "'left' or 'right'"),
         ({"inputs": "a", "normalize": True}, "no key 'normalize'"),
+        ({"inputs": "a", "dimensions": 2}, "per-token vectors keep their width"),
+        ({"inputs": "a", "encoding": "int8"}, "per-token vectors are float"),
+        ({"inputs": "a", "input_type": "nothing"}, "no prompt for input_type"),
     ],
 )
 async def test_embed_all_refuses_bad_options_with_400(

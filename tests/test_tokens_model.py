@@ -88,7 +88,7 @@ def test_embed_all_without_truncation_names_the_limit(client: httpx.Client) -> N
     response = client.post("/embed_all", json={"inputs": long_text, "truncate": False})
     assert response.status_code == 413
     error = response.json()["error"]
-    assert "has 32 tokens" in error and f"at most {ST_MAX_SEQ} tokens" in error
+    assert "has 32 tokens" in error and f"limit of {ST_MAX_SEQ} tokens" in error
 
 
 def test_the_v2_ragged_outputs_hold_the_same_vectors(client: httpx.Client, folder: Path) -> None:

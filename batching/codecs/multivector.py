@@ -1,158 +1,187 @@
-"""Per-token vectors: the ``POST /embed_all`` body in and out, in TEI's keys, and the options
-every door shares for them (the v2 door takes the same ones as request parameters).
+"""Per-token vectors: the ``POST /embed_all`` body in and out (TEI's keys), the plan of a
+per-token request whatever its door, and its one sequence of data-plane calls.
 
 ``/embed_all`` takes ``{"inputs": text | [text, ...], "truncate": true,
-"truncation_direction": "right", "prompt_name": null, "model": null}`` and answers
-``{"model", "embeddings": [[[float, ...], ...], ...], "ids": [[int, ...], ...],
-"usage": {"prompt_tokens", "total_tokens"}}``: per text one vector per token the model ran
-(special tokens included) and the ids of those tokens.
+"truncation_direction": "right", "prompt_name": null, "model": null}`` (``input_type`` too,
+as every embedding door takes it) and answers ``{"model", "embeddings": [[[float, ...], ...],
+...], "ids": [[int, ...], ...], "usage": {"prompt_tokens", "total_tokens"}}``: per text one
+vector per token the model ran (special tokens included) and the ids of those tokens.
 
-``truncate: false`` refuses a text longer than the model's limit with a 413 naming the limit and
-the text's token count, instead of cutting it. ``truncation_direction`` (``right`` or ``left``,
-in any case, as TEI spells them ``Right``/``Left``) picks the side that is cut. Pure functions.
+The options are the shared embedding options (:mod:`.embed_options`), read and checked the
+same way on every door: ``truncate: false`` refuses a text longer than the model's limit with
+a 413 naming the limit and the text's token count; ``truncation_direction`` picks the side that
+is cut (TEI's ``Right``/``Left`` are taken too). ``dimensions`` and compact ``encoding``\\ s
+apply to pooled vectors only: asked of per-token vectors they are a 400.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import orjson
 
-from batching.errors import InferenceFailed, InvalidRequest, PayloadTooLarge
+from batching.errors import InferenceFailed
 from batching.models.items import EmbedItem, TokenVectors
+from batching.runtime.deployment import Deployment
+from batching.service import DataPlane
 
-from .capability import max_seq_length, resolve_prompt, truncation_directions
-from .tokens import json_object, optional_bool, optional_str, texts_of, usage_of
+from .capability import per_token_cap
+from .embed_options import (
+    OPTION_NAMES,
+    EmbedOptions,
+    EmbedPlan,
+    OptionError,
+    embedding_info,
+    plan_embedding,
+    read_options,
+    refused_text,
+    too_long,
+    truncated_flags,
+)
+from .tokens import json_object, optional_str, texts_of, usage_of
 
 __all__ = [
     "EMBED_ALL_KEYS",
-    "TokenOptions",
-    "check_lengths",
+    "EmbedAllRequest",
+    "TokenAnswer",
     "encode_embed_all",
-    "length_limit",
     "parse_embed_all_request",
+    "run_per_token",
     "token_options",
+    "token_plan",
     "token_vectors",
 ]
 
-EMBED_ALL_KEYS = ("inputs", "truncate", "truncation_direction", "prompt_name", "model")
+#: The body's keys: TEI's, ``model``, and every embedding option (so that one asked of pooled
+#: vectors only is refused by name, not as an unknown key).
+EMBED_ALL_KEYS = ("inputs", "model", *OPTION_NAMES)
 
-#: The options of per-token vectors, whatever the door: JSON keys or v2 parameters.
-OPTION_KEYS = ("truncate", "truncation_direction", "prompt_name")
+#: How far the 413 of ``truncate: false`` counts the refused text, to name its length.
+_FULL_COUNT = 1 << 24
+
+
+def token_options(
+    values: Mapping[str, Any], *, where: str, ignore: Sequence[str] = ()
+) -> EmbedOptions:
+    """The embedding options among ``values`` (a body's keys, a request's parameters), with
+    TEI's capitalised ``truncation_direction`` taken as it means.
+
+    :raises InvalidRequest: an unknown option, or a value of the wrong type.
+    """
+    direction = values.get("truncation_direction")
+    if isinstance(direction, str) and direction.lower() in ("left", "right"):
+        values = {**values, "truncation_direction": direction.lower()}
+    return read_options(values, where=where, ignore=ignore)
+
+
+def token_plan(
+    texts: Sequence[str],
+    options: EmbedOptions,
+    metadata: Mapping[str, Any],
+    *,
+    model: str,
+    truncate_default: bool = True,
+) -> EmbedPlan:
+    """The per-token items of ``texts`` (``EmbedItem(output="tokens")``, the prompt resolved),
+    checked as every embedding request is (:func:`.embed_options.plan_embedding`).
+
+    :raises OptionError: an option the model cannot apply, or one of pooled vectors only.
+    """
+    if options.dimensions is not None:
+        raise OptionError(
+            "dimensions shortens pooled embeddings; per-token vectors keep their width",
+            param="dimensions",
+        )
+    if options.encoding != "float" or options.base64:
+        raise OptionError(
+            f"per-token vectors are float; encoding {options.wire_encoding!r} applies to "
+            "pooled embeddings",
+            param="encoding",
+        )
+    plan = plan_embedding(texts, options, metadata, model=model, truncate_default=truncate_default)
+    info = embedding_info(metadata) or {}
+    default_prompt = str(info.get("default_prompt") or "")
+    items: list[str | EmbedItem] = [
+        EmbedItem(item, prompt=default_prompt, output="tokens")
+        if isinstance(item, str)
+        else dataclasses.replace(item, output="tokens")
+        for item in plan.items
+    ]
+    return dataclasses.replace(plan, items=items)
 
 
 @dataclass(frozen=True, slots=True)
-class TokenOptions:
-    """How per-token vectors are asked for: the prompt by name (None: the model's default),
-    whether an over-long text is cut (else refused) and on which side."""
+class TokenAnswer:
+    """What a per-token request got: per text its token vectors and ids, in order."""
 
-    prompt_name: str | None = None
-    truncate: bool = True
-    truncate_left: bool = False
-
-    def items(self, texts: Sequence[str], metadata: Mapping[str, Any], model: str) -> list[Any]:
-        """The queue's ``EmbedItem(output="tokens")`` items, the prompt resolved.
-
-        :raises InvalidRequest: an unknown prompt name, or a side the model cannot cut.
-        """
-        if self.truncate_left and "left" not in truncation_directions(metadata):
-            raise InvalidRequest(f"model {model!r} cannot truncate texts on the left")
-        prompt = resolve_prompt(metadata, self.prompt_name, model)
-        return [
-            EmbedItem(text, prompt=prompt, truncate_left=self.truncate_left, output="tokens")
-            for text in texts
-        ]
+    outputs: list[TokenVectors]
+    #: Per text, whether the model cut it at its maximum length; None when not known.
+    truncated: list[bool] | None
+    #: Tokens the model ran, prompts and special tokens included.
+    tokens: int
 
 
-def token_options(values: Mapping[str, Any]) -> TokenOptions:
-    """The options among ``values`` (a JSON body or a request's parameters); others are the
-    caller's to refuse or use.
+async def run_per_token(
+    plane: DataPlane,
+    deployment: Deployment,
+    plan: EmbedPlan,
+    *,
+    deadline: float,
+    request_id: str = "",
+    disconnected: Callable[[], Awaitable[None]] | None = None,
+) -> TokenAnswer | None:
+    """Run a per-token ``plan`` for ``deployment``; None when the client went away first.
 
-    :raises InvalidRequest: a value of the wrong type, or an unknown truncation side.
+    Each text's tokens are counted first: a text over the model's length with
+    ``truncate: false`` is refused, and the counts cap the batches the items run in
+    (:func:`.capability.per_token_cap`), since their answer grows with their tokens.
+
+    :raises TextTooLong: a text over the model's length, with ``truncate: false``.
     """
-    direction = optional_str(values, "truncation_direction")
-    side = "right" if direction is None else direction.lower()
-    if side not in ("right", "left"):
-        raise InvalidRequest(f"'truncation_direction' must be 'right' or 'left', not {direction!r}")
-    return TokenOptions(
-        prompt_name=optional_str(values, "prompt_name"),
-        truncate=optional_bool(values, "truncate", True),
-        truncate_left=side == "left",
+    items = list(plan.items)
+    counts = await plane.count_tokens(deployment, items, limit=plan.token_limit())
+    flags = truncated_flags(plan, counts.lengths)
+    refused = refused_text(plan, flags)
+    if refused is not None:
+        full = await plane.count_tokens(deployment, [items[refused]], limit=_FULL_COUNT)
+        raise too_long(plan, refused, full.lengths[0] if full.lengths else _FULL_COUNT)
+    outputs = await plane.infer(
+        deployment,
+        items,
+        deadline=deadline,
+        request_id=request_id,
+        disconnected=disconnected,
+        tokens=counts.used,
+        token_cap=per_token_cap(deployment.metadata, deployment.config.batching),
     )
+    if outputs is None:
+        return None
+    vectors = token_vectors(outputs)
+    cut = sum(flags) if flags else 0
+    if cut:
+        plane.metrics.truncated.labels(deployment.name).inc(cut)
+    return TokenAnswer(vectors, flags, sum(len(output.ids) for output in vectors))
 
 
 @dataclass(frozen=True, slots=True)
 class EmbedAllRequest:
     model: str | None
     texts: list[str]
-    options: TokenOptions
+    options: EmbedOptions
 
 
 def parse_embed_all_request(body: bytes) -> EmbedAllRequest:
-    """:raises InvalidRequest: see the module's rules."""
+    """:raises InvalidRequest: not a JSON object, an unknown key, a value of the wrong type."""
     document = json_object(body, EMBED_ALL_KEYS, "/embed_all")
     return EmbedAllRequest(
         model=optional_str(document, "model"),
         texts=texts_of(document),
-        options=token_options(document),
+        options=token_options(document, where="the body", ignore=("inputs", "model")),
     )
-
-
-#: An over-long text's tokens are counted up to this many times the model's limit, so that
-#: the 413 says how long it is without tokenizing a huge text in full.
-COUNT_BEYOND = 4
-
-
-def length_limit(options: TokenOptions, metadata: Mapping[str, Any], model: str) -> int | None:
-    """How far to count each text's tokens before truncation when truncation is off
-    (:data:`COUNT_BEYOND` times the model's limit, plus one); None when it is on (no need to).
-
-    :raises InvalidRequest: truncation is off and the model does not say its limit.
-    """
-    if options.truncate:
-        return None
-    limit = max_seq_length(metadata)
-    if limit is None:
-        raise InvalidRequest(
-            f"model {model!r} does not say how many tokens it takes, so 'truncate': false "
-            "cannot be checked"
-        )
-    return limit * COUNT_BEYOND + 1
-
-
-def check_lengths(
-    lengths: Sequence[int] | None,
-    options: TokenOptions,
-    metadata: Mapping[str, Any],
-    model: str,
-) -> None:
-    """``truncate: false``: every text within the model's limit.
-
-    :param lengths: each text's tokens before truncation (prompt and special tokens
-        included), counted as far as :func:`length_limit` says; None when the model cannot
-        count them.
-    :raises PayloadTooLarge: naming the first text over the limit, its count and the limit.
-    :raises InvalidRequest: truncation is off and the model cannot count tokens.
-    """
-    if options.truncate:
-        return
-    limit = max_seq_length(metadata)
-    if lengths is None or limit is None:
-        raise InvalidRequest(
-            f"model {model!r} cannot count tokens, so 'truncate': false cannot be checked"
-        )
-    counted_to = limit * COUNT_BEYOND + 1
-    for index, length in enumerate(lengths):
-        if length > limit:
-            count = f"{length}" if length < counted_to else f"more than {counted_to - 1}"
-            raise PayloadTooLarge(
-                f"inputs[{index}] has {count} tokens (prompt and special tokens included) and "
-                f"truncation is off; model {model!r} takes at most {limit} tokens per text "
-                "(truncate: true cuts the text instead)"
-            )
 
 
 def token_vectors(outputs: Sequence[Any]) -> list[TokenVectors]:
@@ -177,15 +206,14 @@ def token_vectors(outputs: Sequence[Any]) -> list[TokenVectors]:
     return checked
 
 
-def encode_embed_all(model: str, outputs: Sequence[Any]) -> bytes:
-    """The ``/embed_all`` answer of the model's :class:`TokenVectors`, one per text."""
-    vectors = token_vectors(outputs)
+def encode_embed_all(model: str, answer: TokenAnswer) -> bytes:
+    """The ``/embed_all`` answer: per text its token vectors and ids, and the usage."""
     return orjson.dumps(
         {
             "model": model,
-            "embeddings": [output.vectors for output in vectors],
-            "ids": [output.ids for output in vectors],
-            "usage": usage_of([len(output.ids) for output in vectors]),
+            "embeddings": [output.vectors for output in answer.outputs],
+            "ids": [output.ids for output in answer.outputs],
+            "usage": usage_of([len(output.ids) for output in answer.outputs]),
         },
         option=orjson.OPT_SERIALIZE_NUMPY,
     )

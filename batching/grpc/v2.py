@@ -23,10 +23,21 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from batching.answers import answer_log
+from batching.codecs.embedding import run_embedding
+from batching.codecs.multivector import run_per_token
 from batching.errors import BatchingError, ModelNotFound
 from batching.kserve import describe
-from batching.kserve.infer import items_of, output_tensors, timeout_parameter
-from batching.kserve.multivector import per_token_counts
+from batching.kserve.infer import (
+    embedding_parameters,
+    embedding_plan,
+    embedding_tensors,
+    items_of,
+    output_tensors,
+    timeout_parameter,
+    token_answer_parameters,
+    token_answer_tensors,
+    token_plan_of,
+)
 from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
 
@@ -151,16 +162,37 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             asked = _lower(context.time_remaining(), timeout_parameter(parsed.parameters))
             deadline = plane.deadline(deployment, asked)
             items = items_of(deployment, parsed)
-            tokens, token_cap = await per_token_counts(plane, deployment, parsed, items)
-            outputs = await self._infer(deployment, items, deadline, rid, tokens, token_cap)
-            if outputs is None:
-                status = CANCELLED
-                await context.abort(grpc.StatusCode.CANCELLED, "the call was cancelled")
+            per_token = token_plan_of(deployment, parsed, items)
+            plan = None if per_token is not None else embedding_plan(deployment, parsed, items)
+            parameters: dict[str, Any] = {}
+            if per_token is not None:
+                tokens = await run_per_token(
+                    plane, deployment, per_token, deadline=deadline, request_id=rid
+                )
+                if tokens is None:
+                    status = CANCELLED
+                    await context.abort(grpc.StatusCode.CANCELLED, "the call was cancelled")
+                assert tokens is not None
+                tensors = token_answer_tensors(parsed, tokens)
+                parameters = token_answer_parameters(tokens)
+            elif plan is None:
+                outputs = await self._infer(deployment, items, deadline, rid)
+                if outputs is None:
+                    status = CANCELLED
+                    await context.abort(grpc.StatusCode.CANCELLED, "the call was cancelled")
+                tensors = output_tensors(deployment, outputs)
+            else:
+                answer = await run_embedding(
+                    plane, deployment, plan, deadline=deadline, request_id=rid
+                )
+                if answer is None:
+                    status = CANCELLED
+                    await context.abort(grpc.StatusCode.CANCELLED, "the call was cancelled")
+                assert answer is not None
+                tensors = embedding_tensors(deployment, plan, answer)
+                parameters = embedding_parameters(answer)
             response = encode_infer_response(
-                deployment.name,
-                deployment.config.version,
-                parsed.id,
-                output_tensors(deployment, outputs, parsed.outputs),
+                deployment.name, deployment.config.version, parsed.id, tensors, parameters
             )
             status = 200
             return response
@@ -178,25 +210,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             plane.record(deployment, status, started)
 
     async def _infer(
-        self,
-        deployment: Deployment,
-        items: list[Any],
-        deadline: float,
-        rid: str,
-        tokens: list[int] | None = None,
-        token_cap: int | None = None,
+        self, deployment: Deployment, items: list[Any], deadline: float, rid: str
     ) -> list[Any] | None:
         """``items`` through the data plane. grpc cancels this handler when the call ends
         (cancelled, or past its deadline); the data plane then drops the items wherever they
         are in the queue, as it does for a closed HTTP client."""
-        return await self.plane.infer(
-            deployment,
-            items,
-            deadline=deadline,
-            request_id=rid,
-            tokens=tokens,
-            token_cap=token_cap,
-        )
+        return await self.plane.infer(deployment, items, deadline=deadline, request_id=rid)
 
     def _request_id(self, request: Any, context: Any) -> str:
         """The caller's ``x-request-id`` metadata, else the request's ``id``, else a new one."""

@@ -1,12 +1,10 @@
-"""The per-token door: ``POST /embed_all``, every token's vector of each text (wire format:
-:mod:`batching.codecs.multivector`).
+"""The per-token door: ``POST /embed_all``, every token's vector of each text (wire format and
+plan: :mod:`batching.codecs.multivector`).
 
 Its items (``EmbedItem(output="tokens")``) go into the model's own queue through the data
-plane, under the same limits as every request. Their tokens are counted first: with
-``truncate: false`` a text over the model's limit is a 413, and the counts cap the batches the
-items run in (:func:`batching.codecs.capability.per_token_cap`), since their answer grows with
-their tokens. A model whose metadata does not list ``"tokens"`` among its outputs is a 422
-naming the models that do.
+plane, under the same limits as every request; their tokens are counted first, for the 413 of
+``truncate: false`` and for the token cap of the batches they run in. A model whose metadata
+does not list ``"tokens"`` among its outputs is a 422 naming the models that do.
 """
 
 from __future__ import annotations
@@ -15,12 +13,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from batching.codecs.capability import TOKENS, per_token_cap
+from batching.codecs.capability import TOKENS
 from batching.codecs.multivector import (
-    check_lengths,
     encode_embed_all,
-    length_limit,
     parse_embed_all_request,
+    run_per_token,
+    token_plan,
 )
 from batching.service import DataPlane
 
@@ -41,24 +39,25 @@ def multivector_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
         with recorded(plane, deployment) as outcome:
             require(plane, deployment, TOKENS, "/embed_all")
             deadline = plane.deadline(deployment, timeout_of(request))
-            metadata, name = deployment.metadata, deployment.name
-            items = parsed.options.items(parsed.texts, metadata, name)
-            limit = length_limit(parsed.options, metadata, name)
-            counts = await plane.count_tokens(deployment, items, limit=limit)
-            check_lengths(counts.lengths, parsed.options, metadata, name)
-            outputs = await plane.infer(
+            plan = token_plan(
+                parsed.texts,
+                parsed.options,
+                deployment.metadata,
+                model=deployment.name,
+                truncate_default=deployment.config.truncate,
+            )
+            answer = await run_per_token(
+                plane,
                 deployment,
-                items,
+                plan,
                 deadline=deadline,
                 request_id=request_id_of(request.scope),
                 disconnected=disconnect_of(request),
-                tokens=counts.used,
-                token_cap=per_token_cap(metadata, deployment.config.batching),
             )
-            if outputs is None:
+            if answer is None:
                 outcome.status = CLIENT_CLOSED
                 return Response(status_code=CLIENT_CLOSED)
-            body = encode_embed_all(name, outputs)
+            body = encode_embed_all(deployment.name, answer)
             outcome.status = 200
             return Response(body, media_type="application/json")
 

@@ -94,24 +94,14 @@ def disconnect_of(request: Request) -> Callable[[], Awaitable[None]]:
 
 
 async def infer_for_request(
-    plane: DataPlane,
-    request: Request,
-    deployment: Deployment,
-    inputs: list[Any],
-    deadline: float,
-    *,
-    tokens: list[int] | None = None,
-    token_cap: int | None = None,
+    plane: DataPlane, request: Request, deployment: Deployment, inputs: list[Any], deadline: float
 ) -> list[Any] | None:
     """``inputs`` through the data plane for ``request``: under its request id, and dropped
-    if its client hangs up first (then None). ``tokens`` and ``token_cap``: see
-    :meth:`DataPlane.infer`."""
+    if its client hangs up first (then None)."""
     return await plane.infer(
         deployment,
         inputs,
         deadline=deadline,
         request_id=request_id_of(request.scope),
         disconnected=disconnect_of(request),
-        tokens=tokens,
-        token_cap=token_cap,
     )

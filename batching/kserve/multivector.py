@@ -24,17 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from batching.codecs.capability import TOKENS, capable, per_token_cap, token_dimension
-from batching.codecs.multivector import (
-    check_lengths,
-    length_limit,
-    token_options,
-    token_vectors,
-)
+from batching.codecs.capability import TOKENS, capable, token_dimension
 from batching.errors import InferenceFailed, InvalidRequest
 from batching.models.items import TokenVectors
 from batching.runtime.deployment import Deployment
-from batching.service import DataPlane
 
 from .tensors import InferRequest, InferTensor
 
@@ -42,9 +35,7 @@ __all__ = [
     "RAGGED_OUTPUTS",
     "TOKEN_OUTPUTS",
     "asks_tokens",
-    "per_token_counts",
     "ragged_parameters",
-    "token_items",
     "token_output_config",
     "token_output_metadata",
     "token_output_names",
@@ -131,44 +122,13 @@ def asks_tokens(deployment: Deployment, request: InferRequest) -> bool:
     return True
 
 
-def token_items(deployment: Deployment, request: InferRequest, texts: list[Any]) -> list[Any]:
-    """The per-token items of ``texts``, with the request's options.
-
-    :raises InvalidRequest: a bad option.
-    """
-    options = token_options(request.parameters)
-    return options.items(texts, deployment.metadata, deployment.name)
-
-
-async def per_token_counts(
-    plane: DataPlane, deployment: Deployment, request: InferRequest, items: list[Any]
-) -> tuple[list[int] | None, int | None]:
-    """The items' token counts and the token cap of their batches, when they are per-token
-    items (else ``(None, None)``): ``truncate: false`` refuses an over-long text here.
-
-    :raises PayloadTooLarge: a text over the model's limit with truncation off.
-    """
-    if not asks_tokens(deployment, request):
-        return None, None
-    metadata, name = deployment.metadata, deployment.name
-    options = token_options(request.parameters)
-    counts = await plane.count_tokens(
-        deployment, items, limit=length_limit(options, metadata, name)
-    )
-    check_lengths(counts.lengths, options, metadata, name)
-    return counts.used, per_token_cap(metadata, deployment.config.batching)
-
-
-def is_per_token(outputs: Sequence[Any]) -> bool:
-    return len(outputs) > 0 and isinstance(outputs[0], TokenVectors)
-
-
-def token_tensors(outputs: Sequence[Any], requested: Sequence[str]) -> list[InferTensor]:
-    """The ragged response tensors of per-token ``outputs``, those ``requested`` in order.
+def token_tensors(vectors: Sequence[TokenVectors], requested: Sequence[str]) -> list[InferTensor]:
+    """The ragged response tensors of per-token ``vectors`` (checked, one per item), those
+    ``requested`` in order (all three when none is named).
 
     :raises InferenceFailed: the model broke the contract (items of different widths).
     """
-    vectors = token_vectors(outputs)
+    requested = [name for name in requested if name in TOKEN_OUTPUTS] or list(TOKEN_OUTPUTS)
     widths = {output.vectors.shape[1] for output in vectors}
     if len(widths) > 1:
         raise InferenceFailed(f"the model answered token vectors of widths {sorted(widths)}")

@@ -51,6 +51,7 @@ _TOP_KEYS = (
     "precision",
     "default_prompt_name",
     "default_prompt",
+    "truncate",
 )
 
 
@@ -114,6 +115,7 @@ def model_from_table(
     engine = top.choice("engine", ENGINES, base.engine)
     precision = top.choice("precision", PRECISIONS, base.precision)
     prompt_name, prompt = _prompt(top, base)
+    truncate = _truncate(top, base.truncate)
     top.finish(_TOP_KEYS)
     try:
         return ModelConfig(
@@ -133,6 +135,7 @@ def model_from_table(
             engine_cache=base.engine_cache,
             default_prompt_name=prompt_name,
             default_prompt=prompt,
+            truncate=truncate,
         )
     except ValueError as exc:  # cross-field rules the checks above do not cover
         raise RepositoryError(f"{file}: {path + ': ' if path else ''}{exc}") from exc
@@ -150,6 +153,16 @@ def _prompt(top: Table, base: ModelConfig) -> tuple[str | None, str | None]:
     if name is None and text is None:
         return base.default_prompt_name, base.default_prompt
     return name, text
+
+
+def _truncate(top: Table, default: bool) -> bool:
+    """``truncate``: cut over-long texts (true) or refuse them with a 413 (false)."""
+    value = top.get("truncate")
+    if value is MISSING:
+        return default
+    if not isinstance(value, bool):
+        raise top.error("truncate", "must be true or false", value)
+    return value
 
 
 def _source(top: Table, folder: Path, own_folder: bool) -> str | None:
