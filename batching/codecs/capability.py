@@ -23,7 +23,6 @@ __all__ = [
     "per_token_cap",
     "resolve_prompt",
     "token_dimension",
-    "truncation_directions",
     "vocab_size",
 ]
 
@@ -68,14 +67,6 @@ def token_dimension(metadata: Mapping[str, Any]) -> int | None:
     """The width of one token's vector, if the model says (it may differ from the pooled
     vector's when a projection follows the pooling)."""
     return _positive(embedding_of(metadata).get("token_dimension"))
-
-
-def truncation_directions(metadata: Mapping[str, Any]) -> tuple[str, ...]:
-    """The sides the model can cut an over-long text at; ``right`` always."""
-    sides = embedding_of(metadata).get("truncation_directions")
-    if isinstance(sides, list | tuple):
-        return tuple(str(side) for side in sides)
-    return ("right",)
 
 
 def resolve_prompt(metadata: Mapping[str, Any], prompt_name: str | None, model: str) -> str:
