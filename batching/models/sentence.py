@@ -340,9 +340,14 @@ class SentenceEmbedder:
     def _dense(self, vector: np.ndarray, item: EmbedItem) -> np.ndarray:
         vector = shorten(vector, item.dimensions, self.normalize)
         if item.encoding in ("int8", "uint8"):
-            assert self._quantization is not None, "calibrated in load()"
-            return quantize(vector, item.encoding, self._quantization.ranges(item.dimensions))
+            return quantize(vector, item.encoding, self.quantization_ranges(item.dimensions))
         return quantize(vector, item.encoding)
+
+    def quantization_ranges(self, dimensions: int | None = None) -> np.ndarray | None:
+        """The int8/uint8 ranges ``[2, width]`` for vectors of ``dimensions`` (all when None),
+        calibrated at load; None before."""
+        quantization = self._quantization
+        return None if quantization is None else quantization.ranges(dimensions)
 
     def _prompt_lengths_of(self, prompts: list[str]) -> torch.Tensor:
         """Per row, the tokens its prompt takes (sentence-transformers' prompt length)."""
