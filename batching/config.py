@@ -60,14 +60,14 @@ class ModelConfig:
     #: Where exported engines and start-up measurements are kept; None: the default folder
     #: (``$BATCHING_ENGINE_CACHE``, ``$XDG_CACHE_HOME/batching/engines``, ``~/.cache/...``).
     engine_cache: str | None = None
+    #: Embedding models: cut texts longer than the model's maximum length (True), or refuse
+    #: them with a 413 unless a request sends ``truncate: true`` (False, ``--no-truncate``).
+    truncate: bool = True
     #: The default prompt of a sentence embedder, by name (one of its folder's ``prompts``),
     #: overriding the folder's ``default_prompt_name``; exclusive with ``default_prompt``.
     default_prompt_name: str | None = None
     #: A literal default prompt ("" for none), overriding the folder's.
     default_prompt: str | None = None
-    #: Embedding models: cut texts longer than the model's maximum length (True), or refuse
-    #: them with a 413 unless a request sends ``truncate: true`` (False, ``--no-truncate``).
-    truncate: bool = True
     #: ``source`` and ``task`` parsed (at construction, once); pass one already parsed to
     #: skip the parse.
     spec: ModelSource | None = field(default=None, compare=False, repr=False)

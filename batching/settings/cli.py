@@ -417,9 +417,9 @@ def parse_settings(
             engine=str(args.engine),
             precision=str(args.precision),
             engine_cache=args.engine_cache or None,
+            truncate=not args.no_truncate,
             default_prompt_name=args.default_prompt_name,
             default_prompt=args.default_prompt,
-            truncate=not args.no_truncate,
         )
     except EngineConfigError as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")

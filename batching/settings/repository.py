@@ -49,9 +49,9 @@ _TOP_KEYS = (
     "warmup",
     "engine",
     "precision",
+    "truncate",
     "default_prompt_name",
     "default_prompt",
-    "truncate",
 )
 
 
@@ -114,8 +114,8 @@ def model_from_table(
     warmup_sizes, warmup_data, warmup_file = _warmup(top, base, folder, max_batch_size)
     engine = top.choice("engine", ENGINES, base.engine)
     precision = top.choice("precision", PRECISIONS, base.precision)
-    prompt_name, prompt = _prompt(top, base)
     truncate = _truncate(top, base.truncate)
+    prompt_name, prompt = _prompt(top, base)
     top.finish(_TOP_KEYS)
     try:
         return ModelConfig(
@@ -133,12 +133,22 @@ def model_from_table(
             engine=engine,
             precision=precision,
             engine_cache=base.engine_cache,
+            truncate=truncate,
             default_prompt_name=prompt_name,
             default_prompt=prompt,
-            truncate=truncate,
         )
     except ValueError as exc:  # cross-field rules the checks above do not cover
         raise RepositoryError(f"{file}: {path + ': ' if path else ''}{exc}") from exc
+
+
+def _truncate(top: Table, default: bool) -> bool:
+    """``truncate``: cut over-long texts (true) or refuse them with a 413 (false)."""
+    value = top.get("truncate")
+    if value is MISSING:
+        return default
+    if not isinstance(value, bool):
+        raise top.error("truncate", "must be true or false", value)
+    return value
 
 
 def _prompt(top: Table, base: ModelConfig) -> tuple[str | None, str | None]:
@@ -153,16 +163,6 @@ def _prompt(top: Table, base: ModelConfig) -> tuple[str | None, str | None]:
     if name is None and text is None:
         return base.default_prompt_name, base.default_prompt
     return name, text
-
-
-def _truncate(top: Table, default: bool) -> bool:
-    """``truncate``: cut over-long texts (true) or refuse them with a 413 (false)."""
-    value = top.get("truncate")
-    if value is MISSING:
-        return default
-    if not isinstance(value, bool):
-        raise top.error("truncate", "must be true or false", value)
-    return value
 
 
 def _source(top: Table, folder: Path, own_folder: bool) -> str | None:
