@@ -98,6 +98,15 @@ def test_the_ragged_outputs_hold_every_items_token_rows_in_order(
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
     second = result.as_numpy("token_embeddings")[starts[1] : starts[1] + counts[1]]
     np.testing.assert_array_equal(second[:, 0], ids_of("cde"))
+    if kind == "http":
+        parameters = result.get_response()["parameters"]
+    else:
+        raw = result.get_response().parameters
+        parameters = {
+            key: getattr(raw[key], raw[key].WhichOneof("parameter_choice")) for key in raw
+        }
+    assert parameters["prompt_tokens"] == int(counts.sum())
+    assert parameters["truncated"] is False
 
 
 @pytest.mark.parametrize("kind", ["http", "grpc"])

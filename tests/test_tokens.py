@@ -13,7 +13,7 @@ import pytest
 from batching import BatchingConfig, ModelConfig, create_app
 from tests.support.asgi import serving
 from tests.support.metrics import sample
-from tests.support.models import VectorModel
+from tests.support.models import GatedModel, VectorModel
 from tests.support.token_models import CLS, SEP, VOCAB_SIZE, CharTokenModel, LongCharTokenModel
 
 pytestmark = pytest.mark.anyio
@@ -297,3 +297,21 @@ async def test_a_model_still_loading_is_503_not_a_wrong_refusal() -> None:
         assert response.status_code == 503
         assert "Retry-After" in response.headers
         model.loaded.set()
+
+
+class GatedCharModel(GatedModel, CharTokenModel):
+    """The stand-in model, blocking in ``predict`` until the test opens its gate."""
+
+
+async def test_the_deadline_holds_for_token_requests() -> None:
+    model = GatedCharModel()
+    async with serving(create_app(ModelConfig(name="chars"), builder=lambda _: model)) as client:
+        try:
+            for route, body in [("/tokenize", {"inputs": "a"}), ("/embed_all", {"inputs": "a"})]:
+                response = await client.post(
+                    route, json=body, headers={"x-request-timeout-ms": "50"}
+                )
+                assert response.status_code == 504, response.text
+                assert "the deadline the request asked for (50 ms)" in response.json()["error"]
+        finally:
+            model.gate.set()
