@@ -11,10 +11,11 @@ its outputs) has three more outputs, which a request asks for by name:
 
 Asking for any of them makes the items ``EmbedItem(output="tokens")``; asking for
 ``embedding`` (or for nothing) keeps the pooled answer, and asking for both kinds at once is a
-400. The request's parameters ``prompt_name``, ``truncate`` and ``truncation_direction`` apply
-as in ``/embed_all``. The first dimension of the two ragged outputs counts tokens, not items:
-the model metadata says so with ``"ragged": true`` on them (a key v2 JSON clients ignore), and
-the configuration with its ``ragged_outputs`` parameter.
+400. The request's parameters are the embedding options (``prompt_name``, ``input_type``,
+``truncate``, ``truncation_direction``), as in ``/embed_all``. The first dimension of the two
+ragged outputs counts tokens, not items: the model metadata says so with ``"ragged": true`` on
+them (a key v2 JSON clients ignore), and the configuration with its ``ragged_outputs``
+parameter.
 """
 
 from __future__ import annotations
