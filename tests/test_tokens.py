@@ -315,3 +315,24 @@ async def test_the_deadline_holds_for_token_requests() -> None:
                 assert "the deadline the request asked for (50 ms)" in response.json()["error"]
         finally:
             model.gate.set()
+
+
+async def test_the_token_routes_need_the_api_key_like_every_door() -> None:
+    from batching.keys import ApiKeys
+
+    key = "token-doors-test-key"
+    app = create_app(
+        ModelConfig(name="chars"), builder=lambda _: CharTokenModel(), api_keys=ApiKeys([key])
+    )
+    async with serving(app) as client:
+        for route, body in [
+            ("/tokenize", {"inputs": "a"}),
+            ("/decode", {"ids": [5]}),
+            ("/embed_all", {"inputs": "a"}),
+        ]:
+            refused = await client.post(route, json=body)
+            assert refused.status_code == 401, route
+            allowed = await client.post(
+                route, json=body, headers={"authorization": f"Bearer {key}"}
+            )
+            assert allowed.status_code == 200, allowed.text
