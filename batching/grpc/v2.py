@@ -24,6 +24,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from batching.answers import answer_log
 from batching.codecs.embedding import run_embedding
+from batching.codecs.multivector import run_per_token
 from batching.errors import BatchingError, ModelNotFound
 from batching.kserve import describe
 from batching.kserve.infer import (
@@ -33,6 +34,9 @@ from batching.kserve.infer import (
     items_of,
     output_tensors,
     timeout_parameter,
+    token_answer_parameters,
+    token_answer_tensors,
+    token_plan_of,
 )
 from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
@@ -158,9 +162,20 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             asked = _lower(context.time_remaining(), timeout_parameter(parsed.parameters))
             deadline = plane.deadline(deployment, asked)
             items = items_of(deployment, parsed)
-            plan = embedding_plan(deployment, parsed, items)
+            per_token = token_plan_of(deployment, parsed, items)
+            plan = None if per_token is not None else embedding_plan(deployment, parsed, items)
             parameters: dict[str, Any] = {}
-            if plan is None:
+            if per_token is not None:
+                tokens = await run_per_token(
+                    plane, deployment, per_token, deadline=deadline, request_id=rid
+                )
+                if tokens is None:
+                    status = CANCELLED
+                    await context.abort(grpc.StatusCode.CANCELLED, "the call was cancelled")
+                assert tokens is not None
+                tensors = token_answer_tensors(parsed, tokens)
+                parameters = token_answer_parameters(tokens)
+            elif plan is None:
                 outputs = await self._infer(deployment, items, deadline, rid)
                 if outputs is None:
                     status = CANCELLED

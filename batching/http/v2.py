@@ -16,6 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from batching.codecs.embedding import run_embedding
+from batching.codecs.multivector import run_per_token
 from batching.errors import InvalidRequest
 from batching.kserve import describe
 from batching.kserve.infer import (
@@ -25,6 +26,9 @@ from batching.kserve.infer import (
     items_of,
     output_tensors,
     timeout_parameter,
+    token_answer_parameters,
+    token_answer_tensors,
+    token_plan_of,
 )
 from batching.kserve.request import parse_infer_request
 from batching.kserve.response import encode_infer_response
@@ -102,9 +106,24 @@ def v2_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
             asked = _lower(asked, timeout_parameter(parsed.parameters))
             deadline = plane.deadline(deployment, asked)
             items = items_of(deployment, parsed)
-            plan = embedding_plan(deployment, parsed, items)
+            per_token = token_plan_of(deployment, parsed, items)
+            plan = None if per_token is not None else embedding_plan(deployment, parsed, items)
             parameters: dict[str, Any] = {}
-            if plan is None:
+            if per_token is not None:
+                tokens = await run_per_token(
+                    plane,
+                    deployment,
+                    per_token,
+                    deadline=deadline,
+                    request_id=request_id_of(request.scope),
+                    disconnected=disconnect_of(request),
+                )
+                if tokens is None:
+                    outcome.status = CLIENT_CLOSED
+                    return Response(status_code=CLIENT_CLOSED)
+                tensors = token_answer_tensors(parsed, tokens)
+                parameters = token_answer_parameters(tokens)
+            elif plan is None:
                 outputs = await infer_for_request(plane, request, deployment, items, deadline)
                 if outputs is None:
                     outcome.status = CLIENT_CLOSED

@@ -22,6 +22,8 @@ from batching.metrics import Duration, ModelEvents, ModelStatistics
 from batching.runtime.deployment import Deployment
 from batching.service import Deployments
 
+from .multivector import ragged_parameters, token_output_config, token_output_metadata
+
 __all__ = [
     "EXTENSIONS",
     "input_names",
@@ -116,7 +118,7 @@ def model_metadata(deployment: Deployment) -> dict[str, Any]:
         "versions": [deployment.config.version],
         "platform": _platform(deployment),
         "inputs": tensors("inputs"),
-        "outputs": tensors("outputs"),
+        "outputs": tensors("outputs") + token_output_metadata(deployment),
     }
     engine = deployment.metadata.get("engine")
     if isinstance(engine, dict):
@@ -211,7 +213,7 @@ def model_config(deployment: Deployment) -> dict[str, Any]:
         "version_policy": _version_policy(config.version),
         "max_batch_size": batching.max_batch_size,
         "input": inputs,
-        "output": tensors("outputs"),
+        "output": tensors("outputs") + token_output_config(deployment),
         "dynamic_batching": {
             "preferred_batch_size": list(batching.preferred_batch_sizes),
             "max_queue_delay_microseconds": round(batching.max_queue_delay * 1e6),
@@ -241,6 +243,7 @@ def model_config(deployment: Deployment) -> dict[str, Any]:
                 "devices": ",".join(config.devices),
                 **_engine_parameters(deployment),
                 **_embedding_parameters(deployment),
+                **ragged_parameters(deployment),
             }
         ),
     }

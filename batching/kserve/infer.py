@@ -23,12 +23,14 @@ from batching.codecs.embed_options import (
 )
 from batching.codecs.embedding import EmbedAnswer
 from batching.codecs.inputs import InputSpec, input_specs, required_names
+from batching.codecs.multivector import TokenAnswer, token_options, token_plan
 from batching.codecs.openai import is_embedding_model
 from batching.codecs.plain import check_texts
 from batching.errors import InvalidRequest, NotReady, UnprocessableInput
 from batching.runtime.deployment import Deployment
 
 from .describe import input_names, output_names
+from .multivector import asks_tokens, token_output_names, token_tensors
 from .tensors import InferRequest, InferTensor, rows_from_tensor, tensor_from_rows
 
 __all__ = [
@@ -41,6 +43,9 @@ __all__ = [
     "items_of",
     "output_tensors",
     "timeout_parameter",
+    "token_answer_parameters",
+    "token_answer_tensors",
+    "token_plan_of",
 ]
 
 #: Request parameters of Triton's protocol, accepted on every model: the schedule policy
@@ -88,7 +93,7 @@ def items_of(deployment: Deployment, request: InferRequest) -> list[Any]:
         items = _named_items(deployment, request, specs)
     else:
         items = _single_items(deployment, request)
-    available = output_names(deployment)
+    available = output_names(deployment) + token_output_names(deployment)
     for wanted in request.outputs:
         if wanted.name not in available:
             raise InvalidRequest(
@@ -267,3 +272,40 @@ def embedding_parameters(answer: EmbedAnswer) -> dict[str, Any]:
     if answer.tokens is not None:
         parameters["prompt_tokens"] = answer.tokens
     return parameters
+
+
+def token_plan_of(
+    deployment: Deployment, request: InferRequest, texts: list[Any]
+) -> EmbedPlan | None:
+    """The per-token plan of ``request`` when it asks for the per-token outputs (see
+    :mod:`batching.kserve.multivector`), its parameters read as embedding options; None
+    otherwise.
+
+    :raises InvalidRequest: per-token and pooled outputs asked at once, an unknown parameter,
+        or an option the model cannot apply to per-token vectors.
+    """
+    if not asks_tokens(deployment, request):
+        return None
+    options = {
+        key: value
+        for key, value in request.parameters.items()
+        if key not in TRITON_PARAMETERS and value is not None
+    }
+    return token_plan(
+        texts,
+        token_options(options, where="the request's parameters"),
+        deployment.metadata,
+        model=deployment.name,
+        truncate_default=deployment.config.truncate,
+    )
+
+
+def token_answer_tensors(request: InferRequest, answer: TokenAnswer) -> list[InferTensor]:
+    """The ragged tensors of a per-token answer, those the request named."""
+    return token_tensors(answer.outputs, [output.name for output in request.outputs])
+
+
+def token_answer_parameters(answer: TokenAnswer) -> dict[str, Any]:
+    """The response parameters of a per-token answer, as :func:`embedding_parameters` gives
+    them for pooled ones (which texts were cut, the tokens used)."""
+    return embedding_parameters(EmbedAnswer([], answer.truncated, answer.tokens))
