@@ -68,7 +68,9 @@ def build(
     if settings.malloc == "auto":
         # Before any model loads; process instances inherit it through the environment.
         tune_malloc()
-    _raise_file_limit(settings.connections.max_connections)
+    # HTTP and gRPC each cap their own connections at --max-connections.
+    ports = 2 if settings.grpc_port else 1
+    _raise_file_limit(settings.connections.max_connections * ports)
     return create_app(
         settings.models,
         max_body_bytes=settings.max_body_bytes,
@@ -80,6 +82,7 @@ def build(
         grpc_port_explicit=settings.grpc_port_explicit,
         on_grpc_failure=on_grpc_failure,
         on_all_ready=on_all_ready,
+        connection_limits=settings.connections,
     )
 
 

@@ -16,7 +16,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from batching.config import ModelConfig
-from batching.grpc import GrpcServer
+from batching.grpc import GrpcLimits, GrpcServer
+from batching.http.connections import ConnectionLimits
 from batching.http.errors import EXCEPTION_HANDLERS
 from batching.http.middleware import RequestIdMiddleware
 from batching.http.openai import openai_routes
@@ -77,6 +78,7 @@ def create_app(
     grpc_port_explicit: bool = True,
     on_grpc_failure: Callable[[str], None] | None = None,
     on_all_ready: Callable[[], None] | None = None,
+    connection_limits: ConnectionLimits | None = None,
 ) -> Starlette:
     """A Starlette app serving ``models`` with dynamic batching.
 
@@ -99,6 +101,10 @@ def create_app(
         fails); if it is a default, the app logs one line and serves HTTP only.
     :param on_all_ready: called once, on the event loop, the first time every model is
         loaded and warm; by default the app logs ``ready: serving ...`` then.
+    :param connection_limits: the HTTP connections' timeouts and cap (enforced by the host's
+        protocol, :func:`batching.http.connections.protocol_class`), which the gRPC door
+        applies to its own connections and calls, with ``max_body_bytes`` as its message
+        limit (:class:`~batching.grpc.GrpcLimits`); the defaults when None.
 
     The models load in the background once the lifespan starts: ``/v2/health/live`` answers
     at once, ``/v2/health/ready`` only when every model is loaded and warm. Creating or
@@ -155,8 +161,21 @@ def create_app(
     plane = DataPlane(deployments, metrics)
     grpc_server = None
     if grpc_port:
+        limits = connection_limits if connection_limits is not None else ConnectionLimits()
+        grpc_limits = GrpcLimits(
+            max_message_bytes=max_body_bytes,
+            max_connections=limits.max_connections,
+            handshake_timeout=limits.header_timeout,
+            message_timeout=limits.body_timeout,
+            idle_timeout=limits.keep_alive_timeout,
+        )
         grpc_server = GrpcServer(
-            plane, grpc_host, grpc_port, explicit=grpc_port_explicit, on_failure=on_grpc_failure
+            plane,
+            grpc_host,
+            grpc_port,
+            limits=grpc_limits,
+            explicit=grpc_port_explicit,
+            on_failure=on_grpc_failure,
         )
 
     stop_by: float | None = None
