@@ -666,7 +666,7 @@ async def test_sigterm_finishes_every_accepted_grpc_call_and_exits_in_bounded_ti
         for index, answer in enumerate(answers):
             if isinstance(answer, InferenceServerException):
                 # Told to retry elsewhere, never lost or left hanging.
-                assert status_of(answer) == "UNAVAILABLE", answer
+                assert status_of(answer) == "UNAVAILABLE", (answer.message(), answers)
             else:
                 assert echoed(answer.as_numpy("echo")) == [f"job{index}"]
                 served += 1

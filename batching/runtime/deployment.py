@@ -170,12 +170,13 @@ class Deployment:
             )
         return counter
 
-    async def tokens_of(self, inputs: list[Any]) -> list[int] | None:
-        """Each input's token count, or None when the model is not batched by tokens."""
+    async def tokens_of(self, inputs: list[Any], *, offload: bool = False) -> list[int] | None:
+        """Each input's token count, or None when the model is not batched by tokens; on a
+        worker thread when ``offload`` or when there are many inputs."""
         counter = self.count_tokens
         if counter is None:
             return None
-        if len(inputs) <= 16:
+        if len(inputs) <= 16 and not offload:
             return [counter(item) for item in inputs]
         # Tokenizing a large request would hold up every other request on the loop.
         return await asyncio.to_thread(lambda: [counter(item) for item in inputs])
