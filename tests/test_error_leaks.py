@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import grpc
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -233,3 +234,26 @@ async def test_an_unexpected_500_keeps_the_connection_and_carries_the_request_id
         and (found := re.search(r"request (\S+) failed", record.getMessage())) is not None
     }
     assert logged >= ids
+
+
+class UnloadableModel(EchoModel):
+    def load(self, device: str) -> None:
+        raise OSError(SECRET)
+
+
+async def test_a_model_that_cannot_load_says_so_without_its_paths(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.ERROR, logger="batching")
+    app = create_app(ModelConfig(name="gone"), builder=lambda _: UnloadableModel())
+    async with running(app, wait_ready=False) as url:
+        async with httpx.AsyncClient(base_url=url) as client:
+            for _ in range(1000):
+                index = (await client.post("/v2/repository/index")).json()
+                if index[0]["reason"] != "loading":
+                    break
+                await asyncio.sleep(0.01)  # loading happens in the background; nothing to await
+    assert index[0]["state"] == "UNAVAILABLE"
+    assert "OSError" in index[0]["reason"]
+    assert_clean(index[0]["reason"])
+    assert any(SECRET in record.getMessage() for record in caplog.records)
