@@ -71,7 +71,9 @@ def build(
     if settings.malloc == "auto":
         # Before any model loads; process instances inherit it through the environment.
         tune_malloc()
-    _raise_file_limit(settings.connections.max_connections)
+    # HTTP and gRPC each cap their own connections at --max-connections.
+    ports = 2 if settings.grpc_port else 1
+    _raise_file_limit(settings.connections.max_connections * ports)
     return create_app(
         settings.models,
         max_body_bytes=settings.max_body_bytes,
@@ -87,6 +89,7 @@ def build(
         api_keys=settings.api_keys,
         cors_allow_origins=settings.cors_allow_origins,
         metrics_port=settings.metrics_port,
+        connection_limits=settings.connections,
     )
 
 

@@ -17,9 +17,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from batching.config import ModelConfig
-from batching.grpc import GrpcServer
+from batching.grpc import GrpcLimits, GrpcServer
 from batching.grpc.auth import ApiKeyInterceptor
 from batching.http.auth import OPEN_PATHS, ApiKeyMiddleware
+from batching.http.connections import ConnectionLimits
 from batching.http.errors import EXCEPTION_HANDLERS
 from batching.http.listeners import METRICS_PATH, ListenerRoutes
 from batching.http.middleware import RequestIdMiddleware
@@ -107,6 +108,7 @@ def create_app(
     api_keys: ApiKeys | None = None,
     cors_allow_origins: Sequence[str] = (),
     metrics_port: int | None = None,
+    connection_limits: ConnectionLimits | None = None,
 ) -> Starlette:
     """A Starlette app serving ``models`` with dynamic batching.
 
@@ -139,6 +141,10 @@ def create_app(
     :param metrics_port: the local port of a second listener the host binds for this app:
         ``/metrics`` and the probes are served there and ``/metrics`` no longer on the main
         port (:mod:`batching.http.listeners`).
+    :param connection_limits: the HTTP connections' timeouts and cap (enforced by the host's
+        protocol, :func:`batching.http.connections.protocol_class`), which the gRPC door
+        applies to its own connections and calls, with ``max_body_bytes`` as its message
+        limit (:class:`~batching.grpc.GrpcLimits`); the defaults when None.
 
     The models load in the background once the lifespan starts: ``/v2/health/live`` answers
     at once, ``/v2/health/ready`` only when every model is loaded and warm. Creating or
@@ -199,10 +205,19 @@ def create_app(
         if api_keys is not None:
             unauthorized = metrics.unauthorized.labels("grpc")
             interceptors.append(ApiKeyInterceptor(api_keys, on_refused=unauthorized.inc))
+        limits = connection_limits if connection_limits is not None else ConnectionLimits()
+        grpc_limits = GrpcLimits(
+            max_message_bytes=max_body_bytes,
+            max_connections=limits.max_connections,
+            handshake_timeout=limits.header_timeout,
+            message_timeout=limits.body_timeout,
+            idle_timeout=limits.keep_alive_timeout,
+        )
         grpc_server = GrpcServer(
             plane,
             grpc_host,
             grpc_port,
+            limits=grpc_limits,
             explicit=grpc_port_explicit,
             on_failure=on_grpc_failure,
             tls=tls,

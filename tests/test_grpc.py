@@ -139,9 +139,9 @@ async def test_a_text_model_takes_typed_bytes_contents() -> None:
     assert echoed(raw_output(response)) == ["a", "bb"]
 
 
-async def test_messages_over_grpcs_4_mib_default_limit_pass_both_ways() -> None:
+async def test_messages_over_grpcs_4_mib_default_pass_both_ways_up_to_max_body_bytes() -> None:
     big = "x" * (6 << 20)
-    async with serving_grpc(echo()) as (_, target):
+    async with serving_grpc(echo(), max_body_bytes=8 << 20) as (_, target):
         client = triton_grpc_aio.InferenceServerClient(target)
         try:
             result = await client.infer("echo", [text_input([big], triton_grpc_aio)])
@@ -672,7 +672,7 @@ async def test_sigterm_finishes_every_accepted_grpc_call_and_exits_in_bounded_ti
         for index, answer in enumerate(answers):
             if isinstance(answer, InferenceServerException):
                 # Told to retry elsewhere, never lost or left hanging.
-                assert status_of(answer) == "UNAVAILABLE", answer
+                assert status_of(answer) == "UNAVAILABLE", (answer.message(), answers)
             else:
                 assert echoed(answer.as_numpy("echo")) == [f"job{index}"]
                 served += 1

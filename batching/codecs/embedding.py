@@ -58,14 +58,16 @@ async def run_embedding(
     counts = TokenCounts(None, None)
     if plan.described or count or check_lengths is not None:
         counts = await plane.count_tokens(
-            deployment, list(plan.items), limit=plan.token_limit(at_least)
+            deployment, list(plan.items), limit=plan.token_limit(at_least), request_id=request_id
         )
     if check_lengths is not None and counts.lengths is not None:
         check_lengths(counts.lengths)
     flags = truncated_flags(plan, counts.lengths)
     refused = refused_text(plan, flags)
     if refused is not None:
-        full = await plane.count_tokens(deployment, [plan.items[refused]], limit=_FULL_COUNT)
+        full = await plane.count_tokens(
+            deployment, [plan.items[refused]], limit=_FULL_COUNT, request_id=request_id
+        )
         length = full.lengths[0] if full.lengths else _FULL_COUNT
         # Refused at the edge, as a body over the limit is: the batcher never saw it.
         plane.refused(deployment.name, "too_large")

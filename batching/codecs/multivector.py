@@ -143,11 +143,15 @@ async def run_per_token(
     :raises TextTooLong: a text over the model's length, with ``truncate: false``.
     """
     items = list(plan.items)
-    counts = await plane.count_tokens(deployment, items, limit=plan.token_limit())
+    counts = await plane.count_tokens(
+        deployment, items, limit=plan.token_limit(), request_id=request_id
+    )
     flags = truncated_flags(plan, counts.lengths)
     refused = refused_text(plan, flags)
     if refused is not None:
-        full = await plane.count_tokens(deployment, [items[refused]], limit=_FULL_COUNT)
+        full = await plane.count_tokens(
+            deployment, [items[refused]], limit=_FULL_COUNT, request_id=request_id
+        )
         raise too_long(plan, refused, full.lengths[0] if full.lengths else _FULL_COUNT)
     outputs = await plane.infer(
         deployment,

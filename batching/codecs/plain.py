@@ -194,4 +194,9 @@ def _fallback(value: Any) -> Any:
     tolist = getattr(value, "tolist", None)
     if tolist is not None:
         return tolist()
+    kind = type(value)
+    if all(getattr(kind, name) is getattr(object, name) for name in ("__str__", "__repr__")):
+        # "<Thing object at 0x7f...>" says nothing to the client but the server's memory
+        # layout: a model output with no text of its own is the server's error (a 500).
+        raise TypeError(f"a model output of type {type(value).__name__} has no JSON form")
     return str(value)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-from batching.errors import InvalidRequest
+from batching.errors import InvalidRequest, PayloadTooLarge
 from batching.kserve.tensors import (
     DATATYPES,
     INT64_MAX,
@@ -38,7 +38,7 @@ from batching.kserve.tensors import (
     array_from_buffer,
 )
 
-__all__ = ["encode_infer_response", "parameters_of", "parse_infer_request"]
+__all__ = ["check_item_count", "encode_infer_response", "parameters_of", "parse_infer_request"]
 
 #: The typed ``contents`` field each datatype's elements go in (Triton's rule).
 CONTENTS_FIELD: dict[str, str] = {
@@ -67,6 +67,26 @@ def parameters_of(parameters: Mapping[str, Any]) -> dict[str, Any]:
         choice = parameter.WhichOneof("parameter_choice")
         values[key] = None if choice is None else getattr(parameter, choice)
     return values
+
+
+def check_item_count(request: Any, cap: int) -> None:
+    """Refuse a ``ModelInferRequest`` that declares more than ``cap`` items, from its shapes
+    alone, before any element is decoded: the first dimension of every input is its item
+    count, and a BYTES input may hold no more than ``cap`` elements in all (each is a text,
+    decoded one by one; numeric data is decoded at once, whatever its size).
+
+    :raises PayloadTooLarge: with the message the batcher gives a request over the cap.
+    """
+    for tensor in request.inputs:
+        shape = [int(dim) for dim in tensor.shape]
+        rows = shape[0] if shape else 1
+        elements = math.prod(shape) if str(tensor.datatype) == "BYTES" else rows
+        count = max(rows, elements)
+        if count > cap:
+            raise PayloadTooLarge(
+                f"a request may carry at most {cap} items, this one has {count}"
+                + ("" if rows == count else f" (elements of input {str(tensor.name)!r})")
+            )
 
 
 def parse_infer_request(request: Any) -> InferRequest:

@@ -53,8 +53,8 @@ from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
 
 from .connections import hold_resends
-from .errors import CLIENT_CLOSED, recorded, status_of
-from .middleware import request_id_of
+from .errors import CLIENT_CLOSED, recorded, status_of, with_request_id
+from .middleware import internal_error_message, request_id_of
 from .requests import disconnect_of, read_unattributed_body, timeout_of
 
 __all__ = ["ANY_METHOD", "openai_endpoint", "openai_error", "openai_routes", "served_model"]
@@ -114,7 +114,7 @@ def openai_error(exc: BatchingError, request: Request) -> Response:
         hold_resends(request.scope, exc)
     elif isinstance(exc, DeadlineExceeded | InferenceFailed):
         headers["x-should-retry"] = "false"
-    message = str(exc)
+    message = with_request_id(str(exc), status, request_id_of(request.scope))
     answer_log.answered(f"request {request_id_of(request.scope)}", status, message)
     error_type = "invalid_request_error" if status < 500 else "server_error"
     return _json(
@@ -150,15 +150,10 @@ def openai_endpoint(handler: Endpoint, method: str) -> Endpoint:
         except BatchingError as exc:
             return openai_error(exc, request)
         except Exception as exc:
-            logger.error(
-                "request %s failed with an internal error",
-                request_id_of(request.scope),
-                exc_info=exc,
-            )
-            return _json(
-                error_document("internal server error", "server_error", None, "internal_error"),
-                500,
-            )
+            request_id = request_id_of(request.scope)
+            logger.error("request %s failed with an internal error", request_id, exc_info=exc)
+            message = internal_error_message(request_id)
+        return _json(error_document(message, "server_error", None, "internal_error"), 500)
 
     return endpoint
 

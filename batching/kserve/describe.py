@@ -314,6 +314,12 @@ def repository_index(deployments: Deployments) -> list[dict[str, str]]:
             "state": "READY" if deployment.ready else "UNAVAILABLE",
         }
         if not deployment.ready:
-            entry["reason"] = deployment.load_error or "loading"
+            # Never the load error's text, which may hold paths: its class, and where to look.
+            failed = deployment.load_error_class
+            entry["reason"] = (
+                f"failed to load ({failed}; the server log has the details)"
+                if failed
+                else "loading"
+            )
         index.append(entry)
     return index

@@ -300,8 +300,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         "--max-connections",
         default=limits.max_connections,
         type=int,
-        help="most open HTTP connections; a connection beyond it is answered 503 at once "
-        "and closed; 0: no cap",
+        help="most open connections on each port (HTTP and gRPC); an HTTP connection beyond it "
+        "is answered 503 at once and closed, a gRPC one is closed (UNAVAILABLE); "
+        "0: no cap",
     )
     parser.flag(
         "--malloc",
