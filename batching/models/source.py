@@ -19,6 +19,7 @@ from typing import Literal
 from .default import DEFAULT_MODEL_NAME
 from .engines.options import EngineOptions
 from .protocol import Model
+from .splade import SPARSE_TASK, is_sparse_folder, read_layout
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -28,8 +29,9 @@ __all__ = [
 ]
 
 #: What a source is: the packaged default, a sentence-transformers folder, a folder served
-#: by a transformers pipeline task, or the user's own class.
-SourceKind = Literal["default", "sentence-transformers", "pipeline", "class"]
+#: by a transformers pipeline task, a SPLADE sparse embedder (a SparseEncoder folder, or a
+#: masked LM with ``--task sparse-embedding``), or the user's own class.
+SourceKind = Literal["default", "sentence-transformers", "pipeline", "sparse", "class"]
 
 _FIND_MODULE = (
     "Python looks for it in the current directory, on PYTHONPATH and among installed "
@@ -56,9 +58,11 @@ class ModelSource:
         """Parse ``--model`` and ``--task``.
 
         - neither: the packaged all-MiniLM-L6-v2 sentence embedder;
-        - a folder and a task: that transformers pipeline task;
-        - a folder alone: a sentence embedder when it holds ``modules.json`` (a
-          sentence-transformers folder), otherwise an error asking for a task;
+        - a folder and a task: that transformers pipeline task, or SPLADE sparse
+          embeddings for ``sparse-embedding`` (a masked LM);
+        - a folder alone: a sparse embedder when it is a sentence-transformers
+          ``SparseEncoder`` folder, a sentence embedder when it holds another ``modules.json``
+          (a sentence-transformers folder), otherwise an error asking for a task;
         - ``package.module:Name``: the user's class, imported now.
 
         :raises ModelSourceError: for anything else, with a message meant for the command line.
@@ -74,6 +78,12 @@ class ModelSource:
                     f"model folder {model} has no config.json: point --model at the folder "
                     "that holds the model's config.json and weights"
                 )
+            if task == SPARSE_TASK or (task is None and is_sparse_folder(path)):
+                try:
+                    read_layout(path)
+                except ValueError as exc:
+                    raise ModelSourceError(str(exc)) from None
+                return cls("sparse", str(path.resolve()), task)
             if task is not None:
                 return cls("pipeline", str(path.resolve()), task)
             if (path / "modules.json").is_file():
@@ -125,6 +135,11 @@ class ModelSource:
         if self.kind == "class":
             assert self.location is not None
             return _instantiate(self.location)
+        if self.kind == "sparse":
+            from .sparse import SparseEmbedder
+
+            assert self.location is not None
+            return SparseEmbedder(self.location, engine=engine)
         if self.kind == "pipeline":
             from .pipeline import PipelineModel
 
