@@ -22,6 +22,7 @@ from batching.http.middleware import RequestIdMiddleware
 from batching.http.openai import openai_routes
 from batching.http.plain import plain_routes
 from batching.http.rerank import rerank_routes
+from batching.http.sparse import sparse_routes
 from batching.http.v2 import v2_routes
 from batching.metrics import Metrics
 from batching.models.default import DEFAULT_MODEL_NAME
@@ -213,6 +214,7 @@ def create_app(
         *v2_routes(plane, max_body_bytes),
         *openai_routes(plane, max_body_bytes),
         *rerank_routes(plane, max_body_bytes),
+        *sparse_routes(plane, max_body_bytes),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
     app.add_middleware(RequestIdMiddleware)

@@ -118,6 +118,10 @@ def model_metadata(deployment: Deployment) -> dict[str, Any]:
         "inputs": tensors("inputs"),
         "outputs": tensors("outputs"),
     }
+    sparse = deployment.metadata.get("sparse")
+    if isinstance(sparse, dict):
+        # How a sparse model's indices and values tensors are padded, and its vocabulary.
+        described["sparse"] = sparse
     engine = deployment.metadata.get("engine")
     if isinstance(engine, dict):
         # What runs the model and why (the figures measured at start-up); not a v2 field,

@@ -12,6 +12,7 @@ from batching.errors import InvalidRequest, UnprocessableInput
 from batching.runtime.deployment import Deployment
 
 from .describe import input_names, output_names
+from .sparse import is_sparse, sparse_tensors
 from .tensors import InferRequest, InferTensor, rows_from_tensor, tensor_from_rows
 
 __all__ = ["items_of", "output_tensors", "timeout_parameter"]
@@ -133,5 +134,8 @@ def _named_items(
 
 
 def output_tensors(deployment: Deployment, outputs: Any) -> list[InferTensor]:
-    """The response tensors of ``outputs``, one row per item, under the model's output name."""
+    """The response tensors of ``outputs``, one row per item, under the model's output name;
+    sparse vectors as two tensors, indices and values (:mod:`.sparse`)."""
+    if is_sparse(outputs):
+        return sparse_tensors(output_names(deployment), outputs)
     return [tensor_from_rows(output_names(deployment)[0], outputs)]

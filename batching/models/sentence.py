@@ -11,6 +11,7 @@ import torch
 import transformers
 
 from ._torch import (
+    WEIGHTS_LOADING,
     TokenCounter,
     calibration_texts,
     encode,
@@ -173,7 +174,8 @@ class SentenceEmbedder:
         )
 
     def _load_encoder(self) -> Any:
-        model = transformers.AutoModel.from_pretrained(str(self.path))
+        with WEIGHTS_LOADING:
+            model = transformers.AutoModel.from_pretrained(str(self.path))
         model.eval()
         return model.to(self._device)
 

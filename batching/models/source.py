@@ -73,17 +73,17 @@ class ModelSource:
             return cls("default")
         path = Path(model).expanduser()
         if path.is_dir():
-            if not (path / "config.json").is_file():
-                raise ModelSourceError(
-                    f"model folder {model} has no config.json: point --model at the folder "
-                    "that holds the model's config.json and weights"
-                )
             if task == SPARSE_TASK or (task is None and is_sparse_folder(path)):
                 try:
                     read_layout(path)
                 except ValueError as exc:
                     raise ModelSourceError(str(exc)) from None
                 return cls("sparse", str(path.resolve()), task)
+            if not (path / "config.json").is_file():
+                raise ModelSourceError(
+                    f"model folder {model} has no config.json: point --model at the folder "
+                    "that holds the model's config.json and weights"
+                )
             if task is not None:
                 return cls("pipeline", str(path.resolve()), task)
             if (path / "modules.json").is_file():

@@ -13,6 +13,7 @@ import torch
 import transformers
 
 from ._torch import (
+    WEIGHTS_LOADING,
     TokenCounter,
     calibration_texts,
     encode,
@@ -57,8 +58,6 @@ class SparseEmbedder:
     ) -> None:
         self.path = Path(path)
         self.name = self.path.resolve().name
-        if not (self.path / "config.json").is_file():
-            raise ValueError(f"{self.path} is not a model folder: it has no config.json")
         self.layout: SpladeLayout = read_layout(self.path)
         self._folder = self.layout.transformer
         self._config: dict[str, Any] = read_json(self._folder / "config.json")
@@ -109,7 +108,8 @@ class SparseEmbedder:
         )
 
     def _load_reference(self) -> Any:
-        model = transformers.AutoModelForMaskedLM.from_pretrained(str(self._folder))
+        with WEIGHTS_LOADING:
+            model = transformers.AutoModelForMaskedLM.from_pretrained(str(self._folder))
         model.eval()
         return model.to(self._device)
 

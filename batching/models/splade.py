@@ -122,6 +122,11 @@ def read_layout(folder: Path) -> SpladeLayout:
 
 
 def _require_masked_lm(folder: Path) -> None:
+    if not (folder / "config.json").is_file():
+        raise ValueError(
+            f"model folder {folder} has no config.json: point --model at the folder that "
+            "holds the masked language model's config.json and weights"
+        )
     config = _read(folder / "config.json")
     architectures = config.get("architectures") if isinstance(config, dict) else None
     if isinstance(architectures, list) and architectures:
@@ -145,8 +150,6 @@ def _from_modules(folder: Path, modules: Any) -> SpladeLayout:
         )
     transformer_dir = str(modules[0].get("path") or "")
     transformer = folder / transformer_dir if transformer_dir else folder
-    if not (transformer / "config.json").is_file():
-        raise ValueError(f"{folder.name}: the transformer module has no config.json")
     _require_masked_lm(transformer)
     st_path = transformer / "sentence_bert_config.json"
     st_config = _read(st_path) if st_path.is_file() else {}
