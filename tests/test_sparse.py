@@ -175,7 +175,11 @@ def test_task_sparse_embedding_on_a_masked_lm_equals_mlm_transformer_and_splade_
 @pytest.mark.parametrize(
     ("body", "status", "says"),
     [
-        ({"inputs": ["a"], "model": "splade", "normalize": True}, 400, "unknown option 'normalize'"),
+        (
+            {"inputs": ["a"], "model": "splade", "normalize": True},
+            400,
+            "unknown option 'normalize'",
+        ),
         ({"inputs": ["a"], "model": "splade", "truncate": "yes"}, 400, '"truncate" must be'),
         ({"inputs": ["a"], "model": "splade", "truncation_direction": "up"}, 400, "truncation"),
         ({"inputs": ["a"], "model": "splade", "prompt_name": "nope"}, 400, "'query'"),
@@ -301,8 +305,9 @@ def test_unsupported_sparse_folders_are_refused_at_start(
             parse_settings(["--model", str(folder)], environ={})
         assert exited.value.code == 2
         lines = capsys.readouterr().err.strip().splitlines()
-        assert len(lines) == 1 and "only a masked-LM transformer followed by SpladePooling" in (
-            lines[0]
+        assert (
+            len(lines) == 1
+            and "only a masked-LM transformer followed by SpladePooling" in (lines[0])
         )
     encoder = encoder_folder(tmp_path)
     with pytest.raises(ModelSourceError, match="BertModel, not a masked language model"):
@@ -335,7 +340,7 @@ def test_the_model_matches_on_any_batch_composition(
     got = [(output.indices, output.values) for output in outputs]
     assert_equal([got[0], got[3]], rows(reference.encode([TEXTS[2], TEXTS[1]])))
     assert_equal([got[2]], rows(reference.encode(TEXTS[:1], prompt_name="query")))
-    assert model.count_tokens(items[2]) == len(reference.tokenizer(PROMPTS["query"] + TEXTS[0])[
-        "input_ids"
-    ])
+    assert model.count_tokens(items[2]) == len(
+        reference.tokenizer(PROMPTS["query"] + TEXTS[0])["input_ids"]
+    )
     assert model.token_length(TEXTS[2], 1000) > ST_MAX_SEQ == model.count_tokens(TEXTS[2])

@@ -66,8 +66,7 @@ def sparse_model(plane: DataPlane, name: str | None) -> Deployment:
         ) from None
     if not _is_sparse(deployment):
         raise InvalidRequest(
-            f"model {name!r} does not return sparse embeddings; the sparse models served: "
-            f"{served}"
+            f"model {name!r} does not return sparse embeddings; the sparse models served: {served}"
         )
     return deployment
 
