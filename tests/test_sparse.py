@@ -18,6 +18,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from sentence_transformers import SparseEncoder
 from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+from tritonclient.utils import InferenceServerException
 
 from batching import BatchingConfig, ModelConfig, create_app
 from batching.models.source import ModelSource, ModelSourceError
@@ -137,12 +138,7 @@ def test_prompt_name_and_left_truncation_equal_the_sparse_encoder(
     want = rows(reference.encode(TEXTS, prompt_name="query"))
     assert_equal(tei_rows(embed_sparse(url, asked)), want)
     assert differs(want, rows(reference.encode(TEXTS)))
-    tokenizer = reference.tokenizer
-    tokenizer.truncation_side = "left"
-    try:
-        left = rows(reference.encode(TEXTS))
-    finally:
-        tokenizer.truncation_side = "right"
+    left = left_truncated(reference, TEXTS)
     body = {"inputs": TEXTS, "model": "splade", "truncation_direction": "left"}
     assert_equal(tei_rows(embed_sparse(url, body)), left)
     assert differs(left[2:], rows(reference.encode(TEXTS[2:])))
@@ -275,6 +271,43 @@ def test_v2_grpc_answers_indices_and_values(
     )
     got = padded_rows(result.as_numpy("indices"), result.as_numpy("values"))
     assert_equal(got, rows(encoder.encode(TEXTS[1:2])))
+
+
+def left_truncated(reference: SparseEncoder, texts: list[str]) -> list[Any]:
+    tokenizer = reference.tokenizer
+    tokenizer.truncation_side = "left"
+    try:
+        return rows(reference.encode(texts))
+    finally:
+        tokenizer.truncation_side = "right"
+
+
+def test_v2_takes_the_options_as_parameters_over_http_and_grpc(
+    served: tuple[str, str], reference: SparseEncoder
+) -> None:
+    url, target = served
+    query = rows(reference.encode(TEXTS, prompt_name="query"))
+    left = left_truncated(reference, TEXTS)
+    with httpclient.InferenceServerClient(url.removeprefix("http://")) as client:
+        text = httpclient.InferInput("text", [len(TEXTS)], "BYTES")
+        text.set_data_from_numpy(np.array(TEXTS, dtype=object))
+        asked = client.infer("splade", [text], parameters={"prompt_name": "query"})
+        assert_equal(padded_rows(asked.as_numpy("indices"), asked.as_numpy("values")), query)
+        with pytest.raises(InferenceServerException, match="unknown prompt_name 'nope'") as bad:
+            client.infer("splade", [text], parameters={"prompt_name": "nope"})
+        assert bad.value.status() == "400"
+        with pytest.raises(InferenceServerException, match="16 tokens") as long:
+            client.infer("splade", [text], parameters={"truncate": False})
+        assert long.value.status() == "413"
+    with grpcclient.InferenceServerClient(target) as client:
+        text = grpcclient.InferInput("text", [len(TEXTS)], "BYTES")
+        text.set_data_from_numpy(np.array(TEXTS, dtype=object))
+        result = client.infer("splade", [text], parameters={"truncation_direction": "left"})
+        assert_equal(padded_rows(result.as_numpy("indices"), result.as_numpy("values")), left)
+        with pytest.raises(InferenceServerException, match="truncation_direction"):
+            client.infer("splade", [text], parameters={"truncation_direction": "up"})
+        with pytest.raises(InferenceServerException, match="16 tokens"):
+            client.infer("splade", [text], parameters={"truncate": False})
 
 
 # --- the OpenAI door ------------------------------------------------------------------------

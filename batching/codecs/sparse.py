@@ -25,6 +25,9 @@ from .plain import check_texts
 
 __all__ = [
     "KEYS",
+    "OPTIONS",
+    "max_length_of",
+    "options_request",
     "SparseRequest",
     "check_lengths",
     "encode_sparse",
@@ -33,8 +36,10 @@ __all__ = [
     "sparse_items",
 ]
 
+#: The options that change how a text is embedded (also v2 request parameters).
+OPTIONS = ("truncate", "truncation_direction", "prompt_name")
 #: Every key the body may hold.
-KEYS = ("inputs", "model", "truncate", "truncation_direction", "prompt_name", "return_tokens")
+KEYS = ("inputs", "model", *OPTIONS, "return_tokens")
 _DIRECTIONS = ("right", "left")
 
 
@@ -93,21 +98,41 @@ def parse_sparse_request(body: bytes) -> SparseRequest:
     model = document.get("model")
     if model is not None and (not isinstance(model, str) or not model):
         raise InvalidRequest('"model" must be the name of a served model')
-    direction = document.get("truncation_direction")
+    return options_request(
+        check_texts(texts),
+        document,
+        model=model,
+        return_tokens=_flag(document, "return_tokens", False),
+    )
+
+
+def options_request(
+    texts: list[Any],
+    options: Mapping[str, Any],
+    *,
+    model: str | None = None,
+    return_tokens: bool = False,
+) -> SparseRequest:
+    """``texts`` with the embedding options of ``options`` (:data:`OPTIONS`; other keys are
+    not looked at): the body of ``/embed_sparse``, or a v2 request's parameters.
+
+    :raises InvalidRequest: an option of the wrong type or value.
+    """
+    direction = options.get("truncation_direction")
     if direction is None:
         direction = "right"
     if not isinstance(direction, str) or direction.lower() not in _DIRECTIONS:
         raise InvalidRequest(f'"truncation_direction" must be "right" or "left", not {direction!r}')
-    prompt_name = document.get("prompt_name")
+    prompt_name = options.get("prompt_name")
     if prompt_name is not None and not isinstance(prompt_name, str):
         raise InvalidRequest('"prompt_name" must be a string (a prompt name of the model)')
     return SparseRequest(
-        texts=check_texts(texts),
+        texts=texts,
         model=model,
-        truncate=_flag(document, "truncate", True),
+        truncate=_flag(options, "truncate", True),
         truncate_left=direction.lower() == "left",
         prompt_name=prompt_name,
-        return_tokens=_flag(document, "return_tokens", False),
+        return_tokens=return_tokens,
     )
 
 
@@ -180,3 +205,10 @@ def encode_sparse(vectors: list[SparseVector], return_tokens: bool) -> bytes:
         else:
             answer.append([{"index": i, "value": v} for i, v in zip(indices, values, strict=True)])
     return orjson.dumps(answer)
+
+
+def max_length_of(metadata: Mapping[str, Any]) -> int | None:
+    """The model's max length in tokens, as its ``"embedding"`` metadata says."""
+    described = metadata.get(EMBEDDING_KEY)
+    length = described.get("max_seq_length") if isinstance(described, Mapping) else None
+    return length if isinstance(length, int) and not isinstance(length, bool) else None

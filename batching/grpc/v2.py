@@ -26,6 +26,7 @@ from batching.answers import answer_log
 from batching.errors import BatchingError, ModelNotFound
 from batching.kserve import describe
 from batching.kserve.infer import items_of, output_tensors, timeout_parameter
+from batching.kserve.sparse import check_truncation
 from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
 
@@ -150,6 +151,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             asked = _lower(context.time_remaining(), timeout_parameter(parsed.parameters))
             deadline = plane.deadline(deployment, asked)
             items = items_of(deployment, parsed)
+            await check_truncation(plane, deployment, parsed.parameters, items)
             outputs = await self._infer(deployment, items, deadline, rid)
             if outputs is None:
                 status = CANCELLED

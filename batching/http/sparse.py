@@ -19,12 +19,12 @@ from starlette.routing import Route
 from batching.codecs.sparse import (
     check_lengths,
     encode_sparse,
+    max_length_of,
     parse_sparse_request,
     serves_sparse,
     sparse_items,
 )
 from batching.errors import InvalidRequest, ModelNotFound, NotReady
-from batching.models.items import EMBEDDING_KEY
 from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
 
@@ -85,7 +85,7 @@ def sparse_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
                 # Its prompts and limits are known once it has loaded.
                 raise NotReady(f"model {deployment.name!r} is loading", retry_after=1.0)
             items: list[Any] = sparse_items(parsed, metadata)
-            limit = _max_length(metadata)
+            limit = max_length_of(metadata)
             counts = await plane.count_tokens(
                 deployment, items, limit=None if parsed.truncate or limit is None else limit + 1
             )
@@ -107,9 +107,3 @@ def sparse_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
             return Response(answer, media_type="application/json")
 
     return [Route("/embed_sparse", embed_sparse, methods=["POST"])]
-
-
-def _max_length(metadata: dict[str, Any]) -> int | None:
-    described = metadata.get(EMBEDDING_KEY)
-    length = described.get("max_seq_length") if isinstance(described, dict) else None
-    return length if isinstance(length, int) and not isinstance(length, bool) else None

@@ -20,6 +20,7 @@ from batching.kserve import describe
 from batching.kserve.infer import items_of, output_tensors, timeout_parameter
 from batching.kserve.request import parse_infer_request
 from batching.kserve.response import encode_infer_response
+from batching.kserve.sparse import check_truncation
 from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
 
@@ -93,6 +94,7 @@ def v2_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
             asked = _lower(asked, timeout_parameter(parsed.parameters))
             deadline = plane.deadline(deployment, asked)
             items = items_of(deployment, parsed)
+            await check_truncation(plane, deployment, parsed.parameters, items)
             outputs = await infer_for_request(plane, request, deployment, items, deadline)
             if outputs is None:
                 outcome.status = CLIENT_CLOSED

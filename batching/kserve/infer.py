@@ -12,7 +12,7 @@ from batching.errors import InvalidRequest, UnprocessableInput
 from batching.runtime.deployment import Deployment
 
 from .describe import input_names, output_names
-from .sparse import is_sparse, sparse_tensors
+from .sparse import is_sparse, sparse_items_of, sparse_tensors
 from .tensors import InferRequest, InferTensor, rows_from_tensor, tensor_from_rows
 
 __all__ = ["items_of", "output_tensors", "timeout_parameter"]
@@ -46,7 +46,7 @@ def items_of(deployment: Deployment, request: InferRequest) -> list[Any]:
     if len(specs) > 1:
         items = _named_items(deployment, request, specs)
     else:
-        items = _single_items(deployment, request)
+        items = sparse_items_of(deployment, request.parameters, _single_items(deployment, request))
     available = output_names(deployment)
     for wanted in request.outputs:
         if wanted.name not in available:

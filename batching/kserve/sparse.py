@@ -2,20 +2,32 @@
 outputs, its indices (INT64) and its values (FP32), each ``[n, k]``: row ``i`` holds item
 ``i``'s non-zero entries (indices ascending), then index -1 and value 0 up to ``k``, the most
 non-zeros of any item in the request (at least 1). ``indices[i][indices[i] >= 0]`` and
-``values[i][indices[i] >= 0]`` are item ``i``'s entries."""
+``values[i][indices[i] >= 0]`` are item ``i``'s entries.
+
+The options of ``/embed_sparse`` (``prompt_name``, ``truncation_direction``, ``truncate``) are
+request parameters here, with the same meaning and the same 400s and 413."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from batching.codecs.sparse import (
+    check_lengths,
+    max_length_of,
+    options_request,
+    serves_sparse,
+    sparse_items,
+)
 from batching.models.items import SparseVector
+from batching.runtime.deployment import Deployment
+from batching.service import DataPlane
 
 from .tensors import InferTensor
 
-__all__ = ["PAD_INDEX", "is_sparse", "sparse_tensors"]
+__all__ = ["PAD_INDEX", "check_truncation", "is_sparse", "sparse_items_of", "sparse_tensors"]
 
 #: The index of the padding past a row's non-zeros (its value is 0).
 PAD_INDEX = -1
@@ -46,3 +58,34 @@ def sparse_tensors(names: Sequence[str], vectors: Sequence[SparseVector]) -> lis
         InferTensor(index_name, "INT64", list(shape), indices),
         InferTensor(value_name, "FP32", list(shape), values),
     ]
+
+
+def sparse_items_of(
+    deployment: Deployment, parameters: Mapping[str, Any], texts: list[Any]
+) -> list[Any]:
+    """The items of ``texts`` for a sparse model, with the options its request's
+    ``parameters`` set; ``texts`` as they are for any other model.
+
+    :raises InvalidRequest: an option of the wrong type or value, an unknown prompt name.
+    """
+    if not serves_sparse(deployment.metadata):
+        return texts
+    return sparse_items(options_request(texts, parameters), deployment.metadata)
+
+
+async def check_truncation(
+    plane: DataPlane, deployment: Deployment, parameters: Mapping[str, Any], items: list[Any]
+) -> None:
+    """With the parameter ``truncate: false`` on a sparse model: refuse an item over its max
+    length (prompt and special tokens counted).
+
+    :raises PayloadTooLarge: naming the item.
+    """
+    if not serves_sparse(deployment.metadata) or parameters.get("truncate") is not False:
+        return
+    limit = max_length_of(deployment.metadata)
+    if limit is None:
+        return
+    counts = await plane.count_tokens(deployment, items, limit=limit + 1)
+    if counts.lengths is not None:
+        check_lengths(counts.lengths, limit)
