@@ -209,6 +209,17 @@ def test_truncate_false_serves_texts_within_the_limit(url: str, reference: Spars
     assert embed_sparse(url, with_prompt).status_code == 413
 
 
+def test_the_plain_door_answers_each_vector_as_an_object(
+    url: str, reference: SparseEncoder
+) -> None:
+    answer = httpx.post(f"{url}/models/splade", json={"inputs": TEXTS[:2]}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    outputs = answer.json()["outputs"]
+    assert all(set(output) == {"indices", "values", "tokens"} for output in outputs)
+    got = [(np.array(o["indices"]), np.array(o["values"], dtype=np.float32)) for o in outputs]
+    assert_equal(got, rows(reference.encode(TEXTS[:2])))
+
+
 # --- KServe v2 ------------------------------------------------------------------------------
 
 
