@@ -10,10 +10,14 @@ What a request may carry follows OpenAI's API and limits:
   client setting that sends text, never embedded as if they were text;
 - ``encoding_format``: ``"float"`` (the default when absent) or ``"base64"`` (the
   little-endian float32 bytes of each vector, what the ``openai`` SDK asks for by default);
+  for models that quantize, ``int8``, ``uint8``, ``binary``, ``ubinary`` (integer lists) or
+  those followed by ``+base64`` (the integer bytes, base64-encoded);
 - ``dimensions``: fewer dimensions than the model's, for models whose vectors are unit
   vectors: the vector is truncated and re-normalised. Asking a model whose vectors are not
   normalised for anything but its own width is a 400;
-- ``user`` and any other key: ignored.
+- ``prompt_name``, ``input_type``, ``truncate``, ``truncation_direction``: the embedding
+  options every door takes (:mod:`.embed_options`), sent with the SDK's ``extra_body``;
+- ``user``: accepted, unused. Any other key is a 400 naming it, never ignored.
 
 Token limits, counted with the served model's own tokenizer (special tokens included): an
 input over :data:`MAX_INPUT_TOKENS` tokens is refused, as OpenAI does, and so is a request
@@ -24,15 +28,16 @@ always does; ``usage`` counts the tokens the model ran, after that truncation.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import orjson
 
 from batching.errors import InferenceFailed, InvalidRequest
+
+from .embed_options import WIRE_ENCODINGS, EmbedOptions, encode_vector, read_options
 
 __all__ = [
     "ENCODING_FORMATS",
@@ -64,15 +69,16 @@ MAX_INPUT_TOKENS = 8192
 #: Most tokens in one request, all inputs together (OpenAI's limit).
 MAX_REQUEST_TOKENS = 300_000
 
-ENCODING_FORMATS = ("float", "base64")
+ENCODING_FORMATS = WIRE_ENCODINGS
+
+#: The body's own fields, beside the embedding options (:mod:`.embed_options`).
+OWN_FIELDS = ("model", "input", "user")
 
 #: What to do instead of sending token ids.
 LANGCHAIN_HINT = (
     "send the texts themselves instead; with LangChain's OpenAIEmbeddings, set "
     "check_embedding_ctx_length=False (it otherwise sends tiktoken token ids)"
 )
-
-EncodingFormat = Literal["float", "base64"]
 
 
 class OpenAIError(InvalidRequest):
@@ -90,8 +96,9 @@ class EmbeddingsRequest:
 
     model: str
     texts: list[str]
-    encoding_format: EncodingFormat = "float"
+    encoding_format: str = "float"
     dimensions: int | None = None
+    options: EmbedOptions = field(default_factory=EmbedOptions)
 
 
 def json_object(body: bytes) -> dict[str, Any]:
@@ -208,30 +215,18 @@ def parse_embeddings_request(body: bytes) -> EmbeddingsRequest:
     tokens need the model's tokenizer: :func:`check_token_limits`).
 
     :raises OpenAIError: naming the parameter at fault.
+    :raises OptionError: an unknown parameter, or an option of the wrong type, naming it.
     """
     document = json_object(body)
     model = model_name(document)
     texts = _texts(document.get("input"))
-    asked = document.get("encoding_format")
-    encoding: EncodingFormat
-    if asked is None or asked == "float":
-        encoding = "float"
-    elif asked == "base64":
-        encoding = "base64"
-    else:
-        raise OpenAIError(
-            f"encoding_format must be 'float' or 'base64', not {asked!r}",
-            param="encoding_format",
-            code="invalid_value",
-        )
-    dimensions = document.get("dimensions")
-    if dimensions is not None and (not _is_token_id(dimensions) or dimensions < 1):
-        raise OpenAIError(
-            f"dimensions must be a positive integer, not {dimensions!r}",
-            param="dimensions",
-            code="invalid_value",
-        )
-    return EmbeddingsRequest(model, texts, encoding, dimensions)
+    options = read_options(
+        document,
+        where="the request",
+        names={"encoding_format": "encoding"},
+        ignore=OWN_FIELDS,
+    )
+    return EmbeddingsRequest(model, texts, options.wire_encoding, options.dimensions, options)
 
 
 def check_token_limits(lengths: Sequence[int]) -> None:
@@ -355,23 +350,28 @@ def embedding_vectors(
 # --- answers -------------------------------------------------------------------------------
 
 
-def _base64(vector: np.ndarray) -> str:
-    return base64.b64encode(vector.astype("<f4", copy=False).tobytes()).decode("ascii")
-
-
 def encode_embeddings(
-    model: str, vectors: Sequence[np.ndarray], encoding_format: EncodingFormat, tokens: int
+    model: str,
+    vectors: Sequence[np.ndarray],
+    encoding_format: str,
+    tokens: int,
+    truncated: Sequence[bool] | None = None,
 ) -> bytes:
     """The ``POST /v1/embeddings`` answer: one embedding object per input, in order, and the
-    usage (``prompt_tokens`` = ``total_tokens`` = ``tokens``)."""
-    data = [
-        {
+    usage (``prompt_tokens`` = ``total_tokens`` = ``tokens``). With ``truncated``, each
+    embedding object also says whether the model cut its input (``"truncated"``, a field the
+    SDK keeps as an extra)."""
+    as_base64 = encoding_format == "base64" or encoding_format.endswith("+base64")
+    data = []
+    for index, vector in enumerate(vectors):
+        entry: dict[str, Any] = {
             "object": "embedding",
             "index": index,
-            "embedding": vector if encoding_format == "float" else _base64(vector),
+            "embedding": encode_vector(vector, as_base64),
         }
-        for index, vector in enumerate(vectors)
-    ]
+        if truncated is not None:
+            entry["truncated"] = bool(truncated[index])
+        data.append(entry)
     return orjson.dumps(
         {
             "object": "list",

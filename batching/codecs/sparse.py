@@ -47,19 +47,19 @@ _DIRECTIONS = ("right", "left")
 class SparseRequest:
     """A parsed ``/embed_sparse`` body.
 
-    :param truncate: cut texts over the model's max length (TEI's ``auto-truncate``
-        default); False: such a text is a 413.
+    :param truncate: cut texts over the model's max length; False: such a text is a 413;
+        None: the server's default (``--no-truncate`` makes it False).
     """
 
     texts: list[str]
     model: str | None = None
-    truncate: bool = True
+    truncate: bool | None = None
     truncate_left: bool = False
     prompt_name: str | None = None
     return_tokens: bool = False
 
 
-def _flag(document: Mapping[str, Any], key: str, default: bool) -> bool:
+def _flag(document: Mapping[str, Any], key: str, default: bool | None) -> bool | None:
     value = document.get(key)
     if value is None:
         return default
@@ -102,7 +102,7 @@ def parse_sparse_request(body: bytes) -> SparseRequest:
         check_texts(texts),
         document,
         model=model,
-        return_tokens=_flag(document, "return_tokens", False),
+        return_tokens=bool(_flag(document, "return_tokens", False)),
     )
 
 
@@ -129,7 +129,7 @@ def options_request(
     return SparseRequest(
         texts=texts,
         model=model,
-        truncate=_flag(options, "truncate", True),
+        truncate=_flag(options, "truncate", None),
         truncate_left=direction.lower() == "left",
         prompt_name=prompt_name,
         return_tokens=return_tokens,

@@ -23,9 +23,17 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from batching.answers import answer_log
+from batching.codecs.embedding import run_embedding
 from batching.errors import BatchingError, ModelNotFound
 from batching.kserve import describe
-from batching.kserve.infer import items_of, output_tensors, timeout_parameter
+from batching.kserve.infer import (
+    embedding_parameters,
+    embedding_plan,
+    embedding_tensors,
+    items_of,
+    output_tensors,
+    timeout_parameter,
+)
 from batching.kserve.sparse import check_truncation
 from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
@@ -151,16 +159,27 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             asked = _lower(context.time_remaining(), timeout_parameter(parsed.parameters))
             deadline = plane.deadline(deployment, asked)
             items = items_of(deployment, parsed)
-            await check_truncation(plane, deployment, parsed.parameters, items)
-            outputs = await self._infer(deployment, items, deadline, rid)
-            if outputs is None:
-                status = CANCELLED
-                await context.abort(grpc.StatusCode.CANCELLED, "the call was cancelled")
+            plan = embedding_plan(deployment, parsed, items)
+            parameters: dict[str, Any] = {}
+            if plan is None:
+                await check_truncation(plane, deployment, parsed.parameters, items)
+                outputs = await self._infer(deployment, items, deadline, rid)
+                if outputs is None:
+                    status = CANCELLED
+                    await context.abort(grpc.StatusCode.CANCELLED, "the call was cancelled")
+                tensors = output_tensors(deployment, outputs)
+            else:
+                answer = await run_embedding(
+                    plane, deployment, plan, deadline=deadline, request_id=rid
+                )
+                if answer is None:
+                    status = CANCELLED
+                    await context.abort(grpc.StatusCode.CANCELLED, "the call was cancelled")
+                assert answer is not None
+                tensors = embedding_tensors(deployment, plan, answer)
+                parameters = embedding_parameters(answer)
             response = encode_infer_response(
-                deployment.name,
-                deployment.config.version,
-                parsed.id,
-                output_tensors(deployment, outputs),
+                deployment.name, deployment.config.version, parsed.id, tensors, parameters
             )
             status = 200
             return response

@@ -86,8 +86,9 @@ def sparse_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
                 raise NotReady(f"model {deployment.name!r} is loading", retry_after=1.0)
             items: list[Any] = sparse_items(parsed, metadata)
             limit = max_length_of(metadata)
+            truncate = deployment.config.truncate if parsed.truncate is None else parsed.truncate
             counts = await plane.count_tokens(
-                deployment, items, limit=None if parsed.truncate or limit is None else limit + 1
+                deployment, items, limit=None if truncate or limit is None else limit + 1
             )
             if counts.lengths is not None and limit is not None:
                 check_lengths(counts.lengths, limit)

@@ -127,6 +127,11 @@ def model_metadata(deployment: Deployment) -> dict[str, Any]:
         # What runs the model and why (the figures measured at start-up); not a v2 field,
         # so clients that read only the protocol's fields ignore it.
         described["engine"] = engine
+    embedding = deployment.metadata.get("embedding")
+    if isinstance(embedding, dict):
+        # The embedding options the model applies (prompts, max_seq_length, encodings, the
+        # int8/uint8 quantization ranges calibrated at warm-up); not a v2 field either.
+        described["embedding"] = embedding
     return described
 
 

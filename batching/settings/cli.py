@@ -15,6 +15,7 @@ from batching.models.engines.options import (
     EngineConfigError,
     default_cache_dir,
 )
+from batching.models.prompts import PromptConfigError
 from batching.models.source import ModelSource, ModelSourceError
 from batching.runtime.cpus import CpuBudget, read_cpu_budget
 
@@ -108,6 +109,20 @@ class _Parser(argparse.ArgumentParser):
             choices=choices,
             help=f"{help}{shown} [env {env}]",
         )
+
+
+def _switch(environ: Mapping[str, str], flag: str) -> bool:
+    """An on/off flag's environment twin: 1/true/yes/on is on, 0/false/no/off/unset is off.
+
+    :raises SystemExit: any other value, naming the variable.
+    """
+    env = _env_name(flag)
+    value = environ.get(env, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise SystemExit(f"server.py: error: {env} must be 1 or 0 (true or false), not {value!r}")
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
@@ -279,6 +294,25 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="folder for exported engines and start-up measurements (default: "
         f"{default_cache_dir({})}, or under $XDG_CACHE_HOME)",
     )
+    parser.add_argument(
+        "--no-truncate",
+        action="store_true",
+        default=_switch(environ, "--no-truncate"),
+        help="embedding models: refuse (413) a text longer than the model's maximum length "
+        "instead of cutting it; a request's truncate: true still cuts "
+        f"[env {_env_name('--no-truncate')}=1]",
+    )
+    parser.flag(
+        "--default-prompt-name",
+        help="the prompt prepended to every text that names none: one of the folder's "
+        "config_sentence_transformers.json prompts, overriding its default_prompt_name "
+        "(exclusive with --default-prompt)",
+    )
+    parser.flag(
+        "--default-prompt",
+        help="a literal prompt prepended to every text that names none, overriding the "
+        "folder's default_prompt_name ('' for none; exclusive with --default-prompt-name)",
+    )
     parser.flag(
         "--torch-threads",
         default="auto",
@@ -342,6 +376,19 @@ def parse_settings(
                 f"{', '.join(single)} cannot be combined with --model-repository: each model's "
                 "config.toml gives its own source, task and name"
             )
+    if args.model_repository:
+        prompts = {
+            "--default-prompt-name": args.default_prompt_name,
+            "--default-prompt": args.default_prompt,
+        }
+        set_prompts = [flag for flag, value in prompts.items() if value is not None]
+        if set_prompts:
+            parser.exit(
+                2,
+                f"{parser.prog}: error: {', '.join(set_prompts)} cannot be combined with "
+                "--model-repository: set default_prompt_name or default_prompt in each model's "
+                "config.toml\n",
+            )
     try:
         source = ModelSource.parse(args.model, args.task)
     except ModelSourceError as exc:
@@ -370,8 +417,13 @@ def parse_settings(
             engine=str(args.engine),
             precision=str(args.precision),
             engine_cache=args.engine_cache or None,
+            truncate=not args.no_truncate,
+            default_prompt_name=args.default_prompt_name,
+            default_prompt=args.default_prompt,
         )
     except EngineConfigError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    except PromptConfigError as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     except ValueError as exc:
         parser.error(str(exc))
