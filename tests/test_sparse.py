@@ -137,6 +137,8 @@ def test_prompt_name_and_left_truncation_equal_the_sparse_encoder(
     asked = {"inputs": TEXTS, "model": "splade", "prompt_name": "query"}
     want = rows(reference.encode(TEXTS, prompt_name="query"))
     assert_equal(tei_rows(embed_sparse(url, asked)), want)
+    by_type = {"inputs": TEXTS, "model": "splade", "input_type": "search_query"}
+    assert_equal(tei_rows(embed_sparse(url, by_type)), want)
     assert differs(want, rows(reference.encode(TEXTS)))
     left = left_truncated(reference, TEXTS)
     body = {"inputs": TEXTS, "model": "splade", "truncation_direction": "left"}
@@ -176,10 +178,13 @@ def test_task_sparse_embedding_on_a_masked_lm_equals_mlm_transformer_and_splade_
             400,
             "unknown option 'normalize'",
         ),
-        ({"inputs": ["a"], "model": "splade", "truncate": "yes"}, 400, '"truncate" must be'),
+        ({"inputs": ["a"], "model": "splade", "truncate": "yes"}, 400, "truncate must be"),
         ({"inputs": ["a"], "model": "splade", "truncation_direction": "up"}, 400, "truncation"),
         ({"inputs": ["a"], "model": "splade", "prompt_name": "nope"}, 400, "'query'"),
         ({"inputs": ["a"], "model": "splade", "return_tokens": 1}, 400, "return_tokens"),
+        ({"inputs": ["a"], "model": "splade", "dimensions": 8}, 400, "dimensions does not apply"),
+        ({"inputs": ["a"], "model": "splade", "encoding": "int8"}, 400, "encoding does not"),
+        ({"inputs": ["a"], "model": "splade", "input_type": "image"}, 400, "input_type 'image'"),
         ({"inputs": ["a"], "model": "mlm", "prompt_name": "query"}, 400, "prompts: none"),
         ({"inputs": [], "model": "splade"}, 400, "empty"),
         ({"model": "splade"}, 400, '"inputs"'),

@@ -1,10 +1,11 @@
 """The ``POST /embed_sparse`` body, as text-embeddings-inference (TEI) takes and answers it.
 
-Request: ``{"inputs": str | [str], "model"?: name, "truncate"?: bool,
-"truncation_direction"?: "right" | "left", "prompt_name"?: str | null,
-"return_tokens"?: bool}``. Any other key is a 400, as is an option of the wrong type, an
-unknown direction or a prompt name the model does not have: an option the server would not
-apply is never silently ignored.
+Request: ``{"inputs": str | [str], "model"?: name, "return_tokens"?: bool}`` and the
+embedding options every door reads with the shared parser
+(:mod:`batching.codecs.embed_options`) that apply to a sparse vector: ``prompt_name`` (or
+``input_type``), ``truncate``, ``truncation_direction``. Any other key is a 400, as is an
+option of the wrong type, ``dimensions`` or a non-float ``encoding``, or a prompt name the
+model does not have: an option the server would not apply is never silently ignored.
 
 Answer: per text, the non-zero entries of its sparse vector, ``[{"index": i, "value": v}]``
 with ``"token"`` (the vocabulary entry) when ``return_tokens`` is true; indices ascending.
@@ -12,7 +13,7 @@ with ``"token"`` (the vocabulary entry) when ``return_tokens`` is true; indices 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ import orjson
 from batching.errors import InvalidRequest, PayloadTooLarge
 from batching.models.items import EMBEDDING_KEY, EmbedItem, SparseVector
 
+from .embed_options import INPUT_TYPE_ALIASES, OptionError, read_options
 from .plain import check_texts
 
 __all__ = [
@@ -36,11 +38,12 @@ __all__ = [
     "sparse_items",
 ]
 
-#: The options that change how a text is embedded (also v2 request parameters).
-OPTIONS = ("truncate", "truncation_direction", "prompt_name")
+#: The options that change how a sparse vector is computed (also v2 request parameters).
+OPTIONS = ("prompt_name", "input_type", "truncate", "truncation_direction")
+#: The body's own fields, beside the options.
+_FIELDS = ("inputs", "model", "return_tokens")
 #: Every key the body may hold.
-KEYS = ("inputs", "model", *OPTIONS, "return_tokens")
-_DIRECTIONS = ("right", "left")
+KEYS = (*_FIELDS, *OPTIONS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,15 +59,16 @@ class SparseRequest:
     truncate: bool | None = None
     truncate_left: bool = False
     prompt_name: str | None = None
+    input_type: str | None = None
     return_tokens: bool = False
 
 
-def _flag(document: Mapping[str, Any], key: str, default: bool | None) -> bool | None:
+def _flag(document: Mapping[str, Any], key: str) -> bool:
     value = document.get(key)
     if value is None:
-        return default
+        return False
     if not isinstance(value, bool):
-        raise InvalidRequest(f'"{key}" must be true or false, not {type(value).__name__}')
+        raise OptionError(f"{key} must be true or false, not {value!r}", param=key)
     return value
 
 
@@ -72,7 +76,7 @@ def parse_sparse_request(body: bytes) -> SparseRequest:
     """Parse and check a body (the prompt name is checked against the model later).
 
     :raises InvalidRequest: not a JSON object, unknown keys, missing or empty ``inputs``,
-        options of the wrong type or value.
+        options of the wrong type or value, an option sparse vectors have no use for.
     :raises UnprocessableInput: an input that is not a string.
     """
     if not body.strip():
@@ -83,12 +87,6 @@ def parse_sparse_request(body: bytes) -> SparseRequest:
         raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(document, dict):
         raise InvalidRequest('the JSON body must be an object like {"inputs": ["text", ...]}')
-    unknown = sorted(str(key) for key in document if key not in KEYS)
-    if unknown:
-        raise InvalidRequest(
-            f"unknown option {', '.join(repr(key) for key in unknown)}; "
-            f"/embed_sparse takes {', '.join(KEYS)}"
-        )
     if "inputs" not in document or document["inputs"] is None:
         raise InvalidRequest('the JSON body has no "inputs"')
     inputs = document["inputs"]
@@ -101,8 +99,10 @@ def parse_sparse_request(body: bytes) -> SparseRequest:
     return options_request(
         check_texts(texts),
         document,
+        where="the request",
+        ignore=_FIELDS,
         model=model,
-        return_tokens=bool(_flag(document, "return_tokens", False)),
+        return_tokens=_flag(document, "return_tokens"),
     )
 
 
@@ -110,30 +110,69 @@ def options_request(
     texts: list[Any],
     options: Mapping[str, Any],
     *,
+    where: str,
+    ignore: Iterable[str] = (),
     model: str | None = None,
     return_tokens: bool = False,
 ) -> SparseRequest:
-    """``texts`` with the embedding options of ``options`` (:data:`OPTIONS`; other keys are
-    not looked at): the body of ``/embed_sparse``, or a v2 request's parameters.
+    """``texts`` with the embedding options of ``options``, read by the shared option parser
+    (:func:`~batching.codecs.embed_options.read_options`): the body of ``/embed_sparse``, or
+    a v2 request's parameters.
 
-    :raises InvalidRequest: an option of the wrong type or value.
+    :param ignore: keys of ``options`` that are not options (the door's own fields).
+    :raises InvalidRequest: an unknown option, a wrong value, or ``dimensions`` or an
+        ``encoding`` other than float (a sparse vector has neither).
     """
-    direction = options.get("truncation_direction")
-    if direction is None:
-        direction = "right"
-    if not isinstance(direction, str) or direction.lower() not in _DIRECTIONS:
-        raise InvalidRequest(f'"truncation_direction" must be "right" or "left", not {direction!r}')
-    prompt_name = options.get("prompt_name")
-    if prompt_name is not None and not isinstance(prompt_name, str):
-        raise InvalidRequest('"prompt_name" must be a string (a prompt name of the model)')
+    read = read_options(options, where=where, ignore=ignore)
+    if read.dimensions is not None:
+        raise OptionError(
+            "dimensions does not apply to sparse vectors: they keep their non-zero entries",
+            param="dimensions",
+        )
+    if read.encoding != "float" or read.base64:
+        raise OptionError(
+            "encoding does not apply to sparse vectors: their values are float",
+            param="encoding",
+        )
     return SparseRequest(
         texts=texts,
         model=model,
-        truncate=_flag(options, "truncate", None),
-        truncate_left=direction.lower() == "left",
-        prompt_name=prompt_name,
+        truncate=read.truncate,
+        truncate_left=read.truncation_direction == "left",
+        prompt_name=read.prompt_name,
+        input_type=read.input_type,
         return_tokens=return_tokens,
     )
+
+
+def _prompt(request: SparseRequest, info: Mapping[str, Any]) -> str | None:
+    """The prompt ``prompt_name`` or ``input_type`` picks (as for dense embeddings), or None
+    for the model's default."""
+    prompts = info.get("prompts") or {}
+    if not isinstance(prompts, Mapping):
+        prompts = {}
+    known = ", ".join(repr(name) for name in prompts) or "none"
+    chosen = request.prompt_name
+    if chosen is not None and chosen not in prompts:
+        raise OptionError(
+            f"unknown prompt_name {chosen!r}; this model's prompts: {known}", param="prompt_name"
+        )
+    if request.input_type is not None:
+        candidates = (request.input_type, *INPUT_TYPE_ALIASES.get(request.input_type, ()))
+        by_type = next((name for name in candidates if name in prompts), None)
+        if by_type is None:
+            raise OptionError(
+                f"no prompt for input_type {request.input_type!r}; this model's prompts: {known}",
+                param="input_type",
+            )
+        if chosen is not None and chosen != by_type:
+            raise OptionError(
+                f"prompt_name {chosen!r} and input_type {request.input_type!r} choose different "
+                "prompts; send one of them",
+                param="input_type",
+            )
+        chosen = by_type
+    return None if chosen is None else str(prompts[chosen])
 
 
 def serves_sparse(metadata: Mapping[str, Any]) -> bool:
@@ -148,22 +187,15 @@ def sparse_items(request: SparseRequest, metadata: Mapping[str, Any]) -> list[An
     """The items to queue: plain texts when the request sets no option the model must apply
     (it then adds its default prompt), else :class:`EmbedItem` with the prompt resolved.
 
-    :raises InvalidRequest: a prompt name the model does not have.
+    :raises InvalidRequest: a prompt name (or input type) the model has no prompt for.
     """
     described = metadata.get(EMBEDDING_KEY)
-    described = described if isinstance(described, Mapping) else {}
-    if request.prompt_name is None and not request.truncate_left:
+    info: Mapping[str, Any] = described if isinstance(described, Mapping) else {}
+    prompt = _prompt(request, info)
+    if prompt is None and not request.truncate_left:
         return list(request.texts)
-    prompts = described.get("prompts") or {}
-    if request.prompt_name is not None:
-        if request.prompt_name not in prompts:
-            known = ", ".join(repr(name) for name in prompts) or "none"
-            raise InvalidRequest(
-                f"unknown prompt_name {request.prompt_name!r}; this model's prompts: {known}"
-            )
-        prompt = str(prompts[request.prompt_name])
-    else:
-        prompt = str(described.get("default_prompt") or "")
+    if prompt is None:
+        prompt = str(info.get("default_prompt") or "")
     return [
         EmbedItem(text, prompt=prompt, truncate_left=request.truncate_left, output="sparse")
         for text in request.texts

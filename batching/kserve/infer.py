@@ -90,7 +90,12 @@ def items_of(deployment: Deployment, request: InferRequest) -> list[Any]:
     if len(specs) > 1:
         items = _named_items(deployment, request, specs)
     else:
-        items = sparse_items_of(deployment, request.parameters, _single_items(deployment, request))
+        options = {
+            key: value
+            for key, value in request.parameters.items()
+            if key not in TRITON_PARAMETERS and value is not None
+        }
+        items = sparse_items_of(deployment, options, _single_items(deployment, request))
     available = output_names(deployment)
     for wanted in request.outputs:
         if wanted.name not in available:

@@ -4,8 +4,8 @@ outputs, its indices (INT64) and its values (FP32), each ``[n, k]``: row ``i`` h
 non-zeros of any item in the request (at least 1). ``indices[i][indices[i] >= 0]`` and
 ``values[i][indices[i] >= 0]`` are item ``i``'s entries.
 
-The options of ``/embed_sparse`` (``prompt_name``, ``truncation_direction``, ``truncate``) are
-request parameters here, with the same meaning and the same 400s and 413."""
+The options of ``/embed_sparse`` (``prompt_name``, ``input_type``, ``truncation_direction``,
+``truncate``) are request parameters here, with the same meaning and the same 400s and 413."""
 
 from __future__ import annotations
 
@@ -61,16 +61,18 @@ def sparse_tensors(names: Sequence[str], vectors: Sequence[SparseVector]) -> lis
 
 
 def sparse_items_of(
-    deployment: Deployment, parameters: Mapping[str, Any], texts: list[Any]
+    deployment: Deployment, options: Mapping[str, Any], texts: list[Any]
 ) -> list[Any]:
-    """The items of ``texts`` for a sparse model, with the options its request's
-    ``parameters`` set; ``texts`` as they are for any other model.
+    """The items of ``texts`` for a sparse model, with the options its request's parameters
+    set (``options``: the parameters other than Triton's own); ``texts`` as they are for any
+    other model.
 
     :raises InvalidRequest: an option of the wrong type or value, an unknown prompt name.
     """
     if not serves_sparse(deployment.metadata):
         return texts
-    return sparse_items(options_request(texts, parameters), deployment.metadata)
+    request = options_request(texts, options, where="the request's parameters")
+    return sparse_items(request, deployment.metadata)
 
 
 async def check_truncation(
