@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from sentence_transformers import SparseEncoder
@@ -223,6 +224,22 @@ def test_the_plain_door_answers_each_vector_as_an_object(
     assert all(set(output) == {"indices", "values", "tokens"} for output in outputs)
     got = [(np.array(o["indices"]), np.array(o["values"], dtype=np.float32)) for o in outputs]
     assert_equal(got, rows(reference.encode(TEXTS[:2])))
+    # The options beside "inputs", as on /embed_sparse.
+    asked = {"inputs": TEXTS, "prompt_name": "query", "truncation_direction": "left"}
+    answer = httpx.post(f"{url}/models/splade", json=asked, timeout=30)
+    assert answer.status_code == 200, answer.text
+    outputs = answer.json()["outputs"]
+    got = [(np.array(o["indices"]), np.array(o["values"], dtype=np.float32)) for o in outputs]
+    want = left_kept(reference, TEXTS, PROMPTS["query"])
+    assert_equal(got, want)
+    # The short texts are not cut: they equal encode(prompt_name="query").
+    assert_equal(want[:2], rows(reference.encode(TEXTS[:2], prompt_name="query")))
+    # The long one keeps its prompt and its end.
+    assert differs(want[2:], left_truncated(reference, [PROMPTS["query"] + TEXTS[2]]))
+    refused = httpx.post(f"{url}/models/splade", json={"inputs": TEXTS, "truncate": False})
+    assert refused.status_code == 413 and "16 tokens" in refused.json()["error"]
+    unknown = httpx.post(f"{url}/models/splade", json={"inputs": TEXTS, "normalize": False})
+    assert unknown.status_code == 400 and "normalize" in unknown.json()["error"]
 
 
 # --- KServe v2 ------------------------------------------------------------------------------
@@ -296,6 +313,29 @@ def left_truncated(reference: SparseEncoder, texts: list[str]) -> list[Any]:
         return rows(reference.encode(texts))
     finally:
         tokenizer.truncation_side = "right"
+
+
+def left_kept(reference: SparseEncoder, texts: list[str], prompt: str) -> list[Any]:
+    """SparseEncoder's own modules on the tokens a cut at the start keeps when the text has
+    a prompt: [CLS], the prompt, the text's last tokens, [SEP] (the prompt is not cut)."""
+    tokenizer = reference.tokenizer
+    cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+    kept_prompt = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    out = []
+    for text in texts:
+        ids = tokenizer(prompt + text, add_special_tokens=False)["input_ids"]
+        room = ST_MAX_SEQ - 2 - kept_prompt
+        if len(ids) + 2 > ST_MAX_SEQ:
+            ids = ids[:kept_prompt] + ids[len(ids) - room :]
+        row = torch.tensor([[cls, *ids, sep]])
+        features = {
+            "input_ids": row,
+            "attention_mask": torch.ones_like(row),
+            "token_type_ids": torch.zeros_like(row),
+        }
+        with torch.inference_mode():
+            out.extend(rows(reference(features)["sentence_embedding"]))
+    return out
 
 
 def test_v2_takes_the_options_as_parameters_over_http_and_grpc(

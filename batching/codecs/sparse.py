@@ -21,12 +21,15 @@ import orjson
 
 from batching.errors import InvalidRequest, PayloadTooLarge
 from batching.models.items import EMBEDDING_KEY, EmbedItem, SparseVector
+from batching.runtime.deployment import Deployment
+from batching.service import DataPlane
 
 from .embed_options import INPUT_TYPE_ALIASES, OptionError, read_options
 from .plain import check_texts
 
 __all__ = [
     "KEYS",
+    "check_truncation",
     "OPTIONS",
     "max_length_of",
     "options_request",
@@ -244,3 +247,25 @@ def max_length_of(metadata: Mapping[str, Any]) -> int | None:
     described = metadata.get(EMBEDDING_KEY)
     length = described.get("max_seq_length") if isinstance(described, Mapping) else None
     return length if isinstance(length, int) and not isinstance(length, bool) else None
+
+
+async def check_truncation(
+    plane: DataPlane, deployment: Deployment, parameters: Mapping[str, Any], items: list[Any]
+) -> None:
+    """With the parameter ``truncate: false`` on a sparse model (or none, and the server's
+    ``--no-truncate``): refuse an item over its max length (prompt and special tokens
+    counted).
+
+    :raises PayloadTooLarge: naming the item.
+    """
+    if not serves_sparse(deployment.metadata):
+        return
+    asked = parameters.get("truncate")
+    if (deployment.config.truncate if asked is None else asked) is not False:
+        return
+    limit = max_length_of(deployment.metadata)
+    if limit is None:
+        return
+    counts = await plane.count_tokens(deployment, items, limit=limit + 1)
+    if counts.lengths is not None:
+        check_lengths(counts.lengths, limit)

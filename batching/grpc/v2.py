@@ -24,6 +24,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from batching.answers import answer_log
 from batching.codecs.embedding import run_embedding
+from batching.codecs.sparse import check_truncation
 from batching.errors import BatchingError, ModelNotFound
 from batching.kserve import describe
 from batching.kserve.infer import (
@@ -34,7 +35,6 @@ from batching.kserve.infer import (
     output_tensors,
     timeout_parameter,
 )
-from batching.kserve.sparse import check_truncation
 from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
 

@@ -16,6 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from batching.codecs.embedding import run_embedding
+from batching.codecs.sparse import check_truncation
 from batching.errors import InvalidRequest
 from batching.kserve import describe
 from batching.kserve.infer import (
@@ -28,7 +29,6 @@ from batching.kserve.infer import (
 )
 from batching.kserve.request import parse_infer_request
 from batching.kserve.response import encode_infer_response
-from batching.kserve.sparse import check_truncation
 from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
 

@@ -14,20 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from batching.codecs.sparse import (
-    check_lengths,
-    max_length_of,
-    options_request,
-    serves_sparse,
-    sparse_items,
-)
+from batching.codecs.sparse import options_request, serves_sparse, sparse_items
 from batching.models.items import SparseVector
 from batching.runtime.deployment import Deployment
-from batching.service import DataPlane
 
 from .tensors import InferTensor
 
-__all__ = ["PAD_INDEX", "check_truncation", "is_sparse", "sparse_items_of", "sparse_tensors"]
+__all__ = ["PAD_INDEX", "is_sparse", "sparse_items_of", "sparse_tensors"]
 
 #: The index of the padding past a row's non-zeros (its value is 0).
 PAD_INDEX = -1
@@ -73,25 +66,3 @@ def sparse_items_of(
         return texts
     request = options_request(texts, options, where="the request's parameters")
     return sparse_items(request, deployment.metadata)
-
-
-async def check_truncation(
-    plane: DataPlane, deployment: Deployment, parameters: Mapping[str, Any], items: list[Any]
-) -> None:
-    """With the parameter ``truncate: false`` on a sparse model (or none, and the server's
-    ``--no-truncate``): refuse an item over its max length (prompt and special tokens
-    counted).
-
-    :raises PayloadTooLarge: naming the item.
-    """
-    if not serves_sparse(deployment.metadata):
-        return
-    asked = parameters.get("truncate")
-    if (deployment.config.truncate if asked is None else asked) is not False:
-        return
-    limit = max_length_of(deployment.metadata)
-    if limit is None:
-        return
-    counts = await plane.count_tokens(deployment, items, limit=limit + 1)
-    if counts.lengths is not None:
-        check_lengths(counts.lengths, limit)

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import transformers
 
+from . import tokenizing
 from ._torch import (
     WEIGHTS_LOADING,
     TokenCounter,
@@ -42,8 +43,9 @@ class SparseEmbedder:
 
     ``predict`` takes texts (the folder's default prompt prepended) and
     :class:`~batching.models.items.EmbedItem` items (their own prompt, truncation side;
-    output ``"sparse"``) and returns one :class:`~batching.models.items.SparseVector` per
-    item: its non-zero entries, indices ascending, with their vocabulary tokens.
+    output ``"sparse"``; cut at its start, a text keeps its prompt and special tokens) and
+    returns one :class:`~batching.models.items.SparseVector` per item: its non-zero
+    entries, indices ascending, with their vocabulary tokens.
 
     :param path: a SparseEncoder folder, or any masked-LM folder (``--task
         sparse-embedding``).
@@ -68,7 +70,6 @@ class SparseEmbedder:
         self._device = torch.device("cpu")
         self._plan: EnginePlan | None = None
         self._tokenizer: Any = None
-        self._left: Any = None
         self._counter: TokenCounter | None = None
 
     @property
@@ -87,9 +88,6 @@ class SparseEmbedder:
     def load(self, device: str) -> None:
         self._device = resolve_device(device)
         self._tokenizer = transformers.AutoTokenizer.from_pretrained(str(self._folder))
-        self._left = transformers.AutoTokenizer.from_pretrained(
-            str(self._folder), truncation_side="left"
-        )
         if self._max_seq_length is None:
             self._max_seq_length = max_length_of(self._tokenizer, self._config)
         self._plan = select_engine(
@@ -113,21 +111,32 @@ class SparseEmbedder:
         model.eval()
         return model.to(self._device)
 
-    def _text(self, item: Any) -> tuple[str, bool]:
-        """What ``item`` tokenises (prompt included), and whether it is cut at its start."""
+    def _text(self, item: Any) -> tuple[str, str | None]:
+        """What ``item`` tokenises (prompt included), and its prompt when it is cut at its
+        start (None: cut at its end)."""
         if isinstance(item, str):
-            text, left = self.layout.default_prompt + item, False
+            text, prompt = self.layout.default_prompt + item, None
         elif isinstance(item, EmbedItem):
             if item.output != "sparse":
                 raise TypeError(f"this sparse model returns sparse vectors, not {item.output!r}")
-            text, left = item.prompt + item.text, item.truncate_left
+            text = item.prompt + item.text
+            prompt = item.prompt if item.truncate_left else None
         else:
             raise TypeError(f"expected a text or an EmbedItem, got {type(item).__name__}")
-        return (text.lower() if self.layout.lowercase else text), left
+        if self.layout.lowercase:
+            return text.lower(), None if prompt is None else prompt.lower()
+        return text, prompt
 
-    def _encode(self, texts: Sequence[str], left: bool = False) -> Any:
-        tokenizer = self._left if left else self._tokenizer
-        return encode(tokenizer, texts, self.max_seq_length, self._device)
+    def _encode(self, texts: Sequence[str]) -> Any:
+        return encode(self._tokenizer, texts, self.max_seq_length, self._device)
+
+    def _encode_left(self, texts: Sequence[str], prompts: Sequence[str]) -> Any:
+        """Cut at their start, keeping each text's prompt and the special tokens, as the
+        sentence embedder does (:func:`~batching.models.tokenizing.encode_left`)."""
+        lengths = [tokenizing.prompt_length(self._tokenizer, prompt) for prompt in prompts]
+        rows = tokenizing.encode_left(self._tokenizer, texts, lengths, self.max_seq_length)
+        padded = self._tokenizer.pad(rows, padding=True, return_tensors="pt")
+        return padded.to(self._device) if self._device.type != "cpu" else padded
 
     def _calibration(self) -> list[Any]:
         texts = calibration_texts(self.max_seq_length)
@@ -163,18 +172,21 @@ class SparseEmbedder:
             raise RuntimeError("SparseEmbedder.predict called before load()")
         prepared = [self._text(item) for item in inputs]
         outputs: list[SparseVector | None] = [None] * len(inputs)
-        for left in (False, True):
-            positions = [i for i, (_, cut_left) in enumerate(prepared) if cut_left == left]
-            if not positions:
-                continue
-            texts = [prepared[i][0] for i in positions]
-            for position, vector in zip(positions, self._vectors(texts, left), strict=True):
+        right = [i for i, (_, prompt) in enumerate(prepared) if prompt is None]
+        left = [i for i, (_, prompt) in enumerate(prepared) if prompt is not None]
+        if right:
+            encoded = self._encode([prepared[i][0] for i in right])
+            for position, vector in zip(right, self._vectors(encoded), strict=True):
+                outputs[position] = vector
+        if left:
+            texts = [prepared[i][0] for i in left]
+            encoded = self._encode_left(texts, [str(prepared[i][1]) for i in left])
+            for position, vector in zip(left, self._vectors(encoded), strict=True):
                 outputs[position] = vector
         return [vector for vector in outputs if vector is not None]
 
-    def _vectors(self, texts: list[str], left: bool) -> list[SparseVector]:
+    def _vectors(self, encoded: Any) -> list[SparseVector]:
         with torch.inference_mode():
-            encoded = self._encode(texts, left)
             assert self._plan is not None
             pooled = self._keep_largest(self._pool(self._plan(encoded), encoded["attention_mask"]))
             dense = to_numpy(pooled)
