@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import numpy as np
 import openai
+import orjson
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
@@ -213,6 +214,9 @@ async def test_plain_truncation_is_counted_refused_on_request_and_cut_left(http:
     metrics = (await client.get("/metrics")).text
     assert sample(metrics, "batching_truncated_inputs_total", 0.0, model="opts") == 1
     assert sample(metrics, "batching_truncated_inputs_total", 0.0, model="strict") == 1
+    # The two 413s are refusals at the edge, counted as a body over the limit is.
+    assert sample(metrics, "batching_rejected_total", 0.0, model="opts", reason="too_large") == 1
+    assert sample(metrics, "batching_rejected_total", 0.0, model="strict", reason="too_large") == 1
 
 
 async def test_plain_encodings_equal_quantize_embeddings_with_the_shown_ranges(
@@ -286,6 +290,9 @@ async def test_v2_json_takes_options_as_parameters_and_reports_truncation(http: 
         assert answer.status_code == 400 and fragment in answer.json()["error"]
     answer = await infer({"truncate": False})
     assert answer.status_code == 413
+    config = (await client.get("/v2/models/strict/config")).json()["parameters"]
+    assert config["truncate"] == {"string_value": "false"}
+    assert orjson.loads(config["embedding"]["string_value"]) == METADATA["embedding"]
     # The output's own parameters may carry its encoding and dimensions; nothing else new.
     body = {
         "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [SHORT]}],

@@ -67,6 +67,8 @@ async def run_embedding(
     if refused is not None:
         full = await plane.count_tokens(deployment, [plan.items[refused]], limit=_FULL_COUNT)
         length = full.lengths[0] if full.lengths else _FULL_COUNT
+        # Refused at the edge, as a body over the limit is: the batcher never saw it.
+        plane.refused(deployment.name, "too_large")
         raise too_long(plan, refused, length)
     outputs = await plane.infer(
         deployment,

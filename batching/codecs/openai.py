@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from batching.errors import InferenceFailed, InvalidRequest
+from batching.errors import InvalidRequest
 
 from .embed_options import WIRE_ENCODINGS, EmbedOptions, encode_vector, read_options
 
@@ -47,16 +47,12 @@ __all__ = [
     "MAX_REQUEST_TOKENS",
     "EmbeddingsRequest",
     "OpenAIError",
-    "check_dimensions",
     "check_token_limits",
-    "embedding_vectors",
-    "embedding_width",
     "encode_embeddings",
     "encode_model",
     "encode_models",
     "error_document",
     "is_embedding_model",
-    "is_normalized",
     "json_object",
     "model_name",
     "parse_embeddings_request",
@@ -277,74 +273,6 @@ def is_embedding_model(metadata: Mapping[str, Any]) -> bool:
     if not isinstance(shape, list) or not shape:
         return False
     return len(shape) == 2 if shape[0] == -1 else len(shape) == 1
-
-
-def embedding_width(metadata: Mapping[str, Any]) -> int | None:
-    """The vector width the metadata declares, or None when it is not known."""
-    output = _first_output(metadata)
-    shape = output.get("shape") if output is not None else None
-    width = shape[-1] if isinstance(shape, list) and shape else None
-    return width if isinstance(width, int) and not isinstance(width, bool) and width > 0 else None
-
-
-def is_normalized(metadata: Mapping[str, Any]) -> bool:
-    """Whether the model says its vectors are unit vectors (``"normalized": true`` on its
-    first output)."""
-    output = _first_output(metadata)
-    return output is not None and output.get("normalized") is True
-
-
-def check_dimensions(
-    dimensions: int | None, width: int | None, normalized: bool, model: str
-) -> None:
-    """Refuse a ``dimensions`` that cannot be honoured: more than the model's width, or any
-    other width than its own when its vectors are not unit vectors (truncating those would
-    not give the shorter vectors of a model trained to have them).
-
-    :raises OpenAIError: naming ``dimensions``.
-    """
-    if dimensions is None or width is None or dimensions == width:
-        return
-    if dimensions > width:
-        raise OpenAIError(
-            f"dimensions is {dimensions}, but model {model!r} has {width}-dimensional embeddings",
-            param="dimensions",
-            code="invalid_value",
-        )
-    if not normalized:
-        raise OpenAIError(
-            f"model {model!r} does not normalise its embeddings, so they cannot be shortened "
-            f"to {dimensions} dimensions; leave dimensions out, or set it to {width}",
-            param="dimensions",
-            code="dimensions_not_supported",
-        )
-
-
-def embedding_vectors(
-    outputs: Iterable[Any], dimensions: int | None, normalized: bool, model: str
-) -> list[np.ndarray]:
-    """The model's outputs as float32 vectors, shortened to ``dimensions`` (and re-normalised)
-    when asked.
-
-    :raises InferenceFailed: an output is not one vector.
-    :raises OpenAIError: ``dimensions`` cannot be honoured (see :func:`check_dimensions`).
-    """
-    vectors = []
-    for index, output in enumerate(outputs):
-        vector = np.asarray(output, dtype=np.float32)
-        if vector.ndim != 1:
-            raise InferenceFailed(
-                f"model {model!r} returned an output of shape {list(vector.shape)} for "
-                f"input {index}, not one embedding vector"
-            )
-        if dimensions is not None and dimensions != vector.shape[0]:
-            check_dimensions(dimensions, int(vector.shape[0]), normalized, model)
-            vector = vector[:dimensions]
-            norm = float(np.linalg.norm(vector))
-            if norm > 0:
-                vector = (vector / norm).astype(np.float32)
-        vectors.append(np.ascontiguousarray(vector))
-    return vectors
 
 
 # --- answers -------------------------------------------------------------------------------

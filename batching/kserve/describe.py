@@ -146,6 +146,19 @@ def _engine_parameters(deployment: Deployment) -> dict[str, object]:
     }
 
 
+def _embedding_parameters(deployment: Deployment) -> dict[str, object]:
+    """An embedding model's options (prompts, quantization ranges...) as one JSON string, so
+    that gRPC clients, whose metadata message has no room for them, can read them too; and
+    whether it cuts over-long texts by default (``--no-truncate``)."""
+    embedding = deployment.metadata.get("embedding")
+    if not isinstance(embedding, dict):
+        return {}
+    return {
+        "embedding": orjson.dumps(embedding).decode(),
+        "truncate": str(deployment.config.truncate).lower(),
+    }
+
+
 def _parameters(values: dict[str, object]) -> dict[str, dict[str, str]]:
     """Triton's ``parameters`` map: every value a string, None left out."""
     return {key: {"string_value": str(value)} for key, value in values.items() if value is not None}
@@ -231,6 +244,7 @@ def model_config(deployment: Deployment) -> dict[str, Any]:
                 "instance_kind": config.instance_kind,
                 "devices": ",".join(config.devices),
                 **_engine_parameters(deployment),
+                **_embedding_parameters(deployment),
             }
         ),
     }
