@@ -24,6 +24,7 @@ from tritonclient.utils import InferenceServerException
 from batching import BatchingConfig, ModelConfig, create_app
 from batching.models.source import ModelSource, ModelSourceError
 from batching.settings.cli import parse_settings
+from tests.support.metrics import sample
 from tests.support.servers import free_port
 from tests.support.threaded import serving_in_thread
 from tests.support.tiny import (
@@ -212,7 +213,22 @@ def test_truncate_false_serves_texts_within_the_limit(url: str, reference: Spars
     assert len(reference.tokenizer(fits)["input_ids"]) <= ST_MAX_SEQ
     with_prompt = {"inputs": [fits], "model": "splade", "truncate": False, "prompt_name": "query"}
     assert embed_sparse(url, {**with_prompt, "prompt_name": None}).status_code == 200
+    before = sample(
+        httpx.get(f"{url}/metrics").text,
+        "batching_rejected_total",
+        0.0,
+        model="splade",
+        reason="too_large",
+    )
     assert embed_sparse(url, with_prompt).status_code == 413
+    after = sample(
+        httpx.get(f"{url}/metrics").text,
+        "batching_rejected_total",
+        0.0,
+        model="splade",
+        reason="too_large",
+    )
+    assert after == before + 1
 
 
 def test_the_plain_door_answers_each_vector_as_an_object(

@@ -24,7 +24,7 @@ from batching.models.items import EMBEDDING_KEY, EmbedItem, SparseVector
 from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
 
-from .embed_options import INPUT_TYPE_ALIASES, OptionError, read_options
+from .embed_options import INPUT_TYPE_ALIASES, OptionError, TextTooLong, read_options
 from .plain import check_texts
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "OPTIONS",
     "max_length_of",
     "options_request",
+    "refuse_overlong",
     "SparseRequest",
     "check_lengths",
     "encode_sparse",
@@ -213,7 +214,7 @@ def check_lengths(lengths: list[int], max_length: int) -> None:
     """
     for index, length in enumerate(lengths):
         if length > max_length:
-            raise PayloadTooLarge(
+            raise TextTooLong(
                 f"inputs[{index}] has more than {max_length} tokens, this model's limit, and "
                 '"truncate" is false: send less text or set "truncate": true'
             )
@@ -268,4 +269,16 @@ async def check_truncation(
         return
     counts = await plane.count_tokens(deployment, items, limit=limit + 1)
     if counts.lengths is not None:
-        check_lengths(counts.lengths, limit)
+        refuse_overlong(plane, deployment, counts.lengths, limit)
+
+
+def refuse_overlong(
+    plane: DataPlane, deployment: Deployment, lengths: list[int], limit: int
+) -> None:
+    """:func:`check_lengths`, counting a refusal as a refusal at the edge (``too_large``), as
+    a body over the limit is: the batcher never saw it."""
+    try:
+        check_lengths(lengths, limit)
+    except PayloadTooLarge:
+        plane.refused(deployment.name, "too_large")
+        raise

@@ -17,10 +17,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from batching.codecs.sparse import (
-    check_lengths,
     encode_sparse,
     max_length_of,
     parse_sparse_request,
+    refuse_overlong,
     serves_sparse,
     sparse_items,
 )
@@ -91,7 +91,7 @@ def sparse_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
                 deployment, items, limit=None if truncate or limit is None else limit + 1
             )
             if counts.lengths is not None and limit is not None:
-                check_lengths(counts.lengths, limit)
+                refuse_overlong(plane, deployment, counts.lengths, limit)
             outputs = await plane.infer(
                 deployment,
                 items,
