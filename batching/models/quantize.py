@@ -125,9 +125,8 @@ def ranges_of(vectors: np.ndarray) -> np.ndarray:
 
 
 def quantize(vectors: np.ndarray, encoding: str, ranges: np.ndarray | None = None) -> np.ndarray:
-    """``vectors`` (float, ``[..., dim]``) in ``encoding``, as
-    ``sentence_transformers.quantization.quantize_embeddings(vectors, encoding, ranges=ranges)``
-    (with ``float`` for its ``float32``).
+    """``vectors`` (float, ``[..., dim]``) in ``encoding``, as sentence-transformers'
+    ``quantize_embeddings(vectors, encoding, ranges=ranges)`` (``float`` is its ``float32``).
 
     :raises ValueError: for an unknown encoding, or int8/uint8 without ranges.
     """
@@ -140,8 +139,10 @@ def quantize(vectors: np.ndarray, encoding: str, ranges: np.ndarray | None = Non
         starts = ranges[0, :]
         steps = (ranges[1, :] - starts) / 255
         steps = np.where(steps == 0, 1, steps)
-        levels = np.clip(np.floor((vectors - starts) / steps), 0, 255)
-        return levels.astype(np.uint8) if encoding == "uint8" else (levels - 128).astype(np.int8)
+        levels: np.ndarray = np.clip(np.floor((vectors - starts) / steps), 0, 255)
+        if encoding == "uint8":
+            return levels.astype(np.uint8)
+        return (levels - 128).astype(np.int8)
     if encoding == "binary":
         return (np.packbits(vectors > 0, axis=-1) - 128).astype(np.int8)
     if encoding == "ubinary":
