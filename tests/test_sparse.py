@@ -258,6 +258,20 @@ def test_the_plain_door_answers_each_vector_as_an_object(
     assert unknown.status_code == 400 and "normalize" in unknown.json()["error"]
 
 
+def test_the_door_keeps_the_limits_and_headers_of_every_door(url: str) -> None:
+    body = {"inputs": TEXTS[:1], "model": "splade"}
+    answer = httpx.post(f"{url}/embed_sparse", json=body, headers={"x-request-id": "sparse-1"})
+    assert answer.status_code == 200 and answer.headers["x-request-id"] == "sparse-1"
+    bad_timeout = httpx.post(
+        f"{url}/embed_sparse", json=body, headers={"x-request-timeout-ms": "soon"}
+    )
+    assert bad_timeout.status_code == 400 and "x-request-timeout-ms" in bad_timeout.text
+    huge = httpx.post(f"{url}/embed_sparse", json={"inputs": ["a" * (2 << 20)]}, timeout=30)
+    assert huge.status_code == 413 and "byte limit" in huge.json()["error"]
+    wrong_method = httpx.get(f"{url}/embed_sparse")
+    assert wrong_method.status_code == 405
+
+
 # --- KServe v2 ------------------------------------------------------------------------------
 
 
