@@ -6,6 +6,7 @@ does not take them, and the folders refused at start."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -321,6 +322,9 @@ def test_v2_grpc_answers_indices_and_values(
             ("indices", "INT64"),
             ("values", "FP32"),
         ]
+        config = client.get_model_config("splade").config
+        sparse = json.loads(config.parameters["sparse"].string_value)
+        assert sparse["padding"] == {"indices": -1, "values": 0.0} and sparse["vocab_size"] > 0
         text = grpcclient.InferInput("text", [len(TEXTS)], "BYTES")
         text.set_data_from_numpy(np.array(TEXTS, dtype=object))
         result = client.infer("splade", [text])

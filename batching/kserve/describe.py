@@ -159,6 +159,13 @@ def _embedding_parameters(deployment: Deployment) -> dict[str, object]:
     }
 
 
+def _sparse_parameters(deployment: Deployment) -> dict[str, object]:
+    """A sparse model's description (vocabulary size, the padding of its indices and values
+    tensors) as one JSON string, for gRPC clients, whose metadata message has no room for it."""
+    sparse = deployment.metadata.get("sparse")
+    return {"sparse": orjson.dumps(sparse).decode()} if isinstance(sparse, dict) else {}
+
+
 def _parameters(values: dict[str, object]) -> dict[str, dict[str, str]]:
     """Triton's ``parameters`` map: every value a string, None left out."""
     return {key: {"string_value": str(value)} for key, value in values.items() if value is not None}
@@ -245,6 +252,7 @@ def model_config(deployment: Deployment) -> dict[str, Any]:
                 "devices": ",".join(config.devices),
                 **_engine_parameters(deployment),
                 **_embedding_parameters(deployment),
+                **_sparse_parameters(deployment),
             }
         ),
     }
