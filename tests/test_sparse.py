@@ -467,3 +467,14 @@ def test_the_model_matches_on_any_batch_composition(
         reference.tokenizer(PROMPTS["query"] + TEXTS[0])["input_ids"]
     )
     assert model.token_length(TEXTS[2], 1000) > ST_MAX_SEQ == model.count_tokens(TEXTS[2])
+
+
+def test_a_process_instance_serves_the_same_vectors(
+    folders: dict[str, Path], reference: SparseEncoder
+) -> None:
+    config = ModelConfig(
+        name="splade", source=str(folders["splade"]), engine="torch", instance_kind="process"
+    )
+    with serving_in_thread(create_app([config]), timeout=120) as base:
+        answer = embed_sparse(base, {"inputs": TEXTS, "return_tokens": True})
+    assert_equal(tei_rows(answer), rows(reference.encode(TEXTS)))
