@@ -23,6 +23,7 @@ from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladeP
 from tritonclient.utils import InferenceServerException
 
 from batching import BatchingConfig, ModelConfig, create_app
+from batching.keys import ApiKeys
 from batching.models.source import ModelSource, ModelSourceError
 from batching.settings.cli import parse_settings
 from tests.support.metrics import sample
@@ -478,3 +479,19 @@ def test_a_process_instance_serves_the_same_vectors(
     with serving_in_thread(create_app([config]), timeout=120) as base:
         answer = embed_sparse(base, {"inputs": TEXTS, "return_tokens": True})
     assert_equal(tei_rows(answer), rows(reference.encode(TEXTS)))
+
+
+def test_api_keys_guard_the_sparse_door(folders: dict[str, Path]) -> None:
+    key = "sk-sparse-0123456789abcdef"
+    config = ModelConfig(
+        name="mlm", source=str(folders["mlm"]), task="sparse-embedding", engine="torch"
+    )
+    app = create_app([config], api_keys=ApiKeys([key]))
+    with serving_in_thread(app) as base:
+        body = {"inputs": TEXTS[:1]}
+        refused = httpx.post(f"{base}/embed_sparse", json=body)
+        allowed = httpx.post(
+            f"{base}/embed_sparse", json=body, headers={"authorization": f"Bearer {key}"}
+        )
+    assert refused.status_code == 401
+    assert allowed.status_code == 200 and allowed.json()[0]
