@@ -28,6 +28,7 @@ from batching.http.multivector import multivector_routes
 from batching.http.openai import openai_routes
 from batching.http.plain import plain_routes
 from batching.http.rerank import rerank_routes
+from batching.http.sparse import sparse_routes
 from batching.http.tokens import token_routes
 from batching.http.v2 import v2_routes
 from batching.keys import ApiKeys
@@ -284,6 +285,7 @@ def create_app(
         *rerank_routes(plane, max_body_bytes),
         *token_routes(plane, max_body_bytes),
         *multivector_routes(plane, max_body_bytes),
+        *sparse_routes(plane, max_body_bytes),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
     if api_keys is not None:

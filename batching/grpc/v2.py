@@ -25,6 +25,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from batching.answers import answer_log
 from batching.codecs.embedding import run_embedding
 from batching.codecs.multivector import run_per_token
+from batching.codecs.sparse import check_truncation
 from batching.errors import BatchingError, ModelNotFound, PayloadTooLarge
 from batching.kserve import describe
 from batching.kserve.infer import (
@@ -204,6 +205,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                     tensors = token_answer_tensors(parsed, tokens)
                     parameters = token_answer_parameters(tokens)
             elif plan is None:
+                await check_truncation(plane, deployment, parsed.parameters, items)
                 outputs = await self._infer(deployment, items, deadline, rid)
                 if outputs is not None:
                     tensors = output_tensors(deployment, outputs)

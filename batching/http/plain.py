@@ -18,6 +18,7 @@ from batching.codecs.embedding import run_embedding
 from batching.codecs.inputs import input_specs
 from batching.codecs.openai import is_embedding_model
 from batching.codecs.plain import check_inputs, encode_embeddings, encode_outputs, parse_request
+from batching.codecs.sparse import check_truncation, options_request, serves_sparse, sparse_items
 from batching.errors import InvalidRequest, NotReady
 from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
@@ -55,7 +56,12 @@ def plain_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
             body = await read_body(request, max_body_bytes)
             parsed = parse_request(body, request.headers.get("content-type", ""))
             inputs = check_inputs(parsed.inputs, input_specs(deployment.metadata))
-            if _embeds(deployment, parsed.options):
+            if parsed.options and serves_sparse(deployment.metadata):
+                # A sparse model's options: its items, and the 413 of truncate: false.
+                asked = options_request(inputs, parsed.options, where="the request")
+                inputs = sparse_items(asked, deployment.metadata)
+                await check_truncation(plane, deployment, parsed.options, inputs)
+            elif _embeds(deployment, parsed.options):
                 plan = plan_embedding(
                     inputs,
                     read_options(parsed.options, where="the request"),

@@ -17,6 +17,7 @@ from starlette.routing import Route
 
 from batching.codecs.embedding import run_embedding
 from batching.codecs.multivector import run_per_token
+from batching.codecs.sparse import check_truncation
 from batching.errors import InvalidRequest
 from batching.kserve import describe
 from batching.kserve.infer import (
@@ -124,6 +125,7 @@ def v2_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
                 tensors = token_answer_tensors(parsed, tokens)
                 parameters = token_answer_parameters(tokens)
             elif plan is None:
+                await check_truncation(plane, deployment, parsed.parameters, items)
                 outputs = await infer_for_request(plane, request, deployment, items, deadline)
                 if outputs is None:
                     outcome.status = CLIENT_CLOSED

@@ -120,6 +120,10 @@ def model_metadata(deployment: Deployment) -> dict[str, Any]:
         "inputs": tensors("inputs"),
         "outputs": tensors("outputs") + token_output_metadata(deployment),
     }
+    sparse = deployment.metadata.get("sparse")
+    if isinstance(sparse, dict):
+        # How a sparse model's indices and values tensors are padded, and its vocabulary.
+        described["sparse"] = sparse
     engine = deployment.metadata.get("engine")
     if isinstance(engine, dict):
         # What runs the model and why (the figures measured at start-up); not a v2 field,
@@ -155,6 +159,13 @@ def _embedding_parameters(deployment: Deployment) -> dict[str, object]:
         "embedding": orjson.dumps(embedding).decode(),
         "truncate": str(deployment.config.truncate).lower(),
     }
+
+
+def _sparse_parameters(deployment: Deployment) -> dict[str, object]:
+    """A sparse model's description (vocabulary size, the padding of its indices and values
+    tensors) as one JSON string, for gRPC clients, whose metadata message has no room for it."""
+    sparse = deployment.metadata.get("sparse")
+    return {"sparse": orjson.dumps(sparse).decode()} if isinstance(sparse, dict) else {}
 
 
 def _parameters(values: dict[str, object]) -> dict[str, dict[str, str]]:
@@ -244,6 +255,7 @@ def model_config(deployment: Deployment) -> dict[str, Any]:
                 **_engine_parameters(deployment),
                 **_embedding_parameters(deployment),
                 **ragged_parameters(deployment),
+                **_sparse_parameters(deployment),
             }
         ),
     }

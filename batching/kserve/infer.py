@@ -26,11 +26,14 @@ from batching.codecs.inputs import InputSpec, input_specs, required_names
 from batching.codecs.multivector import TokenAnswer, token_options, token_plan
 from batching.codecs.openai import is_embedding_model
 from batching.codecs.plain import check_texts
+from batching.codecs.sparse import OPTIONS as SPARSE_OPTIONS
+from batching.codecs.sparse import serves_sparse
 from batching.errors import InvalidRequest, NotReady, UnprocessableInput
 from batching.runtime.deployment import Deployment
 
 from .describe import input_names, output_names
 from .multivector import asks_tokens, token_output_names, token_tensors
+from .sparse import is_sparse, sparse_items_of, sparse_tensors
 from .tensors import InferRequest, InferTensor, rows_from_tensor, tensor_from_rows
 
 __all__ = [
@@ -92,7 +95,12 @@ def items_of(deployment: Deployment, request: InferRequest) -> list[Any]:
     if len(specs) > 1:
         items = _named_items(deployment, request, specs)
     else:
-        items = _single_items(deployment, request)
+        options = {
+            key: value
+            for key, value in request.parameters.items()
+            if key not in TRITON_PARAMETERS and value is not None
+        }
+        items = sparse_items_of(deployment, options, _single_items(deployment, request))
     available = output_names(deployment) + token_output_names(deployment)
     for wanted in request.outputs:
         if wanted.name not in available:
@@ -180,7 +188,10 @@ def _named_items(
 
 
 def output_tensors(deployment: Deployment, outputs: Any) -> list[InferTensor]:
-    """The response tensors of ``outputs``, one row per item, under the model's output name."""
+    """The response tensors of ``outputs``, one row per item, under the model's output name;
+    sparse vectors as two tensors, indices and values (:mod:`.sparse`)."""
+    if is_sparse(outputs):
+        return sparse_tensors(output_names(deployment), outputs)
     return [tensor_from_rows(output_names(deployment)[0], outputs)]
 
 
@@ -228,6 +239,16 @@ def embedding_plan(
                 )
             options[key] = value
     metadata = deployment.metadata
+    if serves_sparse(metadata):
+        # A sparse model's options were applied by items_of (:mod:`.sparse`).
+        unknown = sorted(key for key in options if key not in SPARSE_OPTIONS)
+        if unknown:
+            raise InvalidRequest(
+                f"model {deployment.name!r} takes no parameter "
+                f"{', '.join(repr(key) for key in unknown)}; a sparse model takes "
+                f"{', '.join(SPARSE_OPTIONS)} and Triton's: {', '.join(sorted(TRITON_PARAMETERS))}"
+            )
+        return None
     if not options:
         if embedding_info(metadata) is None or not is_embedding_model(metadata):
             return None

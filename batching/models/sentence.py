@@ -15,6 +15,7 @@ from batching.errors import UnprocessableInput
 
 from . import tokenizing
 from ._torch import (
+    WEIGHTS_LOADING,
     TokenCounter,
     calibration_texts,
     encode,
@@ -218,7 +219,8 @@ class SentenceEmbedder:
         return vectors
 
     def _load_encoder(self) -> Any:
-        model = transformers.AutoModel.from_pretrained(str(self.path))
+        with WEIGHTS_LOADING:
+            model = transformers.AutoModel.from_pretrained(str(self.path))
         model.eval()
         return model.to(self._device)
 

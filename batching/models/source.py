@@ -20,6 +20,7 @@ from .default import DEFAULT_MODEL_NAME, default_model_path
 from .engines.options import EngineOptions
 from .prompts import PromptConfigError, PromptOptions, read_prompts
 from .protocol import Model
+from .splade import SPARSE_TASK, is_sparse_folder, read_layout
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -29,8 +30,9 @@ __all__ = [
 ]
 
 #: What a source is: the packaged default, a sentence-transformers folder, a folder served
-#: by a transformers pipeline task, or the user's own class.
-SourceKind = Literal["default", "sentence-transformers", "pipeline", "class"]
+#: by a transformers pipeline task, a SPLADE sparse embedder (a SparseEncoder folder, or a
+#: masked LM with ``--task sparse-embedding``), or the user's own class.
+SourceKind = Literal["default", "sentence-transformers", "pipeline", "sparse", "class"]
 
 _FIND_MODULE = (
     "Python looks for it in the current directory, on PYTHONPATH and among installed "
@@ -57,9 +59,11 @@ class ModelSource:
         """Parse ``--model`` and ``--task``.
 
         - neither: the packaged all-MiniLM-L6-v2 sentence embedder;
-        - a folder and a task: that transformers pipeline task;
-        - a folder alone: a sentence embedder when it holds ``modules.json`` (a
-          sentence-transformers folder), otherwise an error asking for a task;
+        - a folder and a task: that transformers pipeline task, or SPLADE sparse
+          embeddings for ``sparse-embedding`` (a masked LM);
+        - a folder alone: a sparse embedder when it is a sentence-transformers
+          ``SparseEncoder`` folder, a sentence embedder when it holds another ``modules.json``
+          (a sentence-transformers folder), otherwise an error asking for a task;
         - ``package.module:Name``: the user's class, imported now.
 
         :raises ModelSourceError: for anything else, with a message meant for the command line.
@@ -70,6 +74,12 @@ class ModelSource:
             return cls("default")
         path = Path(model).expanduser()
         if path.is_dir():
+            if task == SPARSE_TASK or (task is None and is_sparse_folder(path)):
+                try:
+                    read_layout(path)
+                except ValueError as exc:
+                    raise ModelSourceError(str(exc)) from None
+                return cls("sparse", str(path.resolve()), task)
             if not (path / "config.json").is_file():
                 raise ModelSourceError(
                     f"model folder {model} has no config.json: point --model at the folder "
@@ -156,6 +166,11 @@ class ModelSource:
         if self.kind == "class":
             assert self.location is not None
             return _instantiate(self.location)
+        if self.kind == "sparse":
+            from .sparse import SparseEmbedder
+
+            assert self.location is not None
+            return SparseEmbedder(self.location, engine=engine)
         if self.kind == "pipeline":
             from .pipeline import PipelineModel
 

@@ -186,3 +186,56 @@ def masked_folder(root: Path, name: str = "masked") -> Path:
     transformers.BertForMaskedLM(bert_config()).save_pretrained(folder)
     _tokenizer(folder, root)
     return folder
+
+
+def sparse_encoder_folder(
+    root: Path,
+    name: str = "splade",
+    prompts: dict[str, str] | None = None,
+    max_seq_length: int = ST_MAX_SEQ,
+) -> Path:
+    """A sentence-transformers ``SparseEncoder`` folder (a masked-LM ``Transformer`` and
+    ``SpladePooling``), built and saved with sentence-transformers' own classes."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.sparse_encoder.modules import SpladePooling
+
+    masked = masked_folder(root, f"{name}-mlm")
+    transformer = Transformer(
+        str(masked), transformer_task="fill-mask", max_seq_length=max_seq_length
+    )
+    encoder = SparseEncoder(
+        modules=[transformer, SpladePooling(pooling_strategy="max")], prompts=prompts
+    )
+    folder = root / name
+    encoder.save(str(folder))
+    return folder
+
+
+def inference_free_folder(root: Path, name: str = "inference-free", router: bool = True) -> Path:
+    """A SparseEncoder folder this server refuses: inference-free SPLADE (a Router sending
+    queries to ``SparseStaticEmbedding`` and documents to the masked LM), or with
+    ``router=False`` ``SparseStaticEmbedding`` alone; built with sentence-transformers."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import (
+        MLMTransformer,
+        Router,
+        SparseStaticEmbedding,
+        SpladePooling,
+    )
+
+    masked = masked_folder(root, f"{name}-mlm")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(masked))
+    static = SparseStaticEmbedding(tokenizer=tokenizer, frozen=False)
+    if router:
+        modules: list[Any] = [
+            Router.for_query_document(
+                query_modules=[static],
+                document_modules=[MLMTransformer(str(masked)), SpladePooling()],
+            )
+        ]
+    else:
+        modules = [static]
+    folder = root / name
+    SparseEncoder(modules=modules).save(str(folder))
+    return folder
