@@ -11,18 +11,23 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from batching.config import ModelConfig
 from batching.grpc import GrpcServer
+from batching.grpc.auth import ApiKeyInterceptor
+from batching.http.auth import OPEN_PATHS, ApiKeyMiddleware
 from batching.http.errors import EXCEPTION_HANDLERS
+from batching.http.listeners import METRICS_PATH, ListenerRoutes
 from batching.http.middleware import RequestIdMiddleware
 from batching.http.openai import openai_routes
 from batching.http.plain import plain_routes
 from batching.http.rerank import rerank_routes
 from batching.http.v2 import v2_routes
+from batching.keys import ApiKeys
 from batching.metrics import Metrics
 from batching.models.default import DEFAULT_MODEL_NAME
 from batching.models.protocol import Model
@@ -30,10 +35,29 @@ from batching.runtime.base import InstanceFactory
 from batching.runtime.deployment import Deployment
 from batching.runtime.warmup import InstanceInfo
 from batching.service import DataPlane, Deployments
+from batching.tls import CertificateFiles
 
 __all__ = ["ModelBuilder", "create_app", "default_model_builder"]
 
 logger = logging.getLogger("batching")
+
+#: Request headers a browser may send cross-origin: the key, the body's type, and the headers
+#: the doors read (request id, timeout, the v2 binary header length).
+CORS_ALLOW_HEADERS = [
+    "authorization",
+    "api-key",
+    "content-type",
+    "x-request-id",
+    "x-request-timeout-ms",
+    "inference-header-content-length",
+]
+#: Response headers a browser's script may read.
+CORS_EXPOSE_HEADERS = [
+    "x-request-id",
+    "retry-after",
+    "www-authenticate",
+    "inference-header-content-length",
+]
 
 #: Builds an unloaded model object for a model's configuration.
 ModelBuilder = Callable[[ModelConfig], Model]
@@ -77,6 +101,10 @@ def create_app(
     grpc_port_explicit: bool = True,
     on_grpc_failure: Callable[[str], None] | None = None,
     on_all_ready: Callable[[], None] | None = None,
+    tls: CertificateFiles | None = None,
+    api_keys: ApiKeys | None = None,
+    cors_allow_origins: Sequence[str] = (),
+    metrics_port: int | None = None,
 ) -> Starlette:
     """A Starlette app serving ``models`` with dynamic batching.
 
@@ -99,6 +127,16 @@ def create_app(
         fails); if it is a default, the app logs one line and serves HTTP only.
     :param on_all_ready: called once, on the event loop, the first time every model is
         loaded and warm; by default the app logs ``ready: serving ...`` then.
+    :param tls: the server's certificates: gRPC serves TLS with them, and the lifespan looks
+        at their files every few seconds (:mod:`batching.tls`), so that new connections on
+        both doors get a renewed certificate. The HTTP listener is the host's (``server.py``
+        gives uvicorn ``tls.listening_context()``).
+    :param api_keys: when given, every route and RPC but the health probes and ``/metrics``
+        needs one of these keys: :mod:`batching.http.auth`, :mod:`batching.grpc.auth`.
+    :param cors_allow_origins: origins browsers may call from (CORS); none by default.
+    :param metrics_port: the local port of a second listener the host binds for this app:
+        ``/metrics`` and the probes are served there and ``/metrics`` no longer on the main
+        port (:mod:`batching.http.listeners`).
 
     The models load in the background once the lifespan starts: ``/v2/health/live`` answers
     at once, ``/v2/health/ready`` only when every model is loaded and warm. Creating or
@@ -155,8 +193,18 @@ def create_app(
     plane = DataPlane(deployments, metrics)
     grpc_server = None
     if grpc_port:
+        interceptors = []
+        if api_keys is not None:
+            unauthorized = metrics.unauthorized.labels("grpc")
+            interceptors.append(ApiKeyInterceptor(api_keys, on_refused=unauthorized.inc))
         grpc_server = GrpcServer(
-            plane, grpc_host, grpc_port, explicit=grpc_port_explicit, on_failure=on_grpc_failure
+            plane,
+            grpc_host,
+            grpc_port,
+            explicit=grpc_port_explicit,
+            on_failure=on_grpc_failure,
+            tls=tls,
+            interceptors=interceptors,
         )
 
     stop_by: float | None = None
@@ -176,6 +224,8 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         for deployment in deployments:
             deployment.start()
+        if tls is not None:
+            tls.start()
         try:
             if grpc_server is not None:
                 await grpc_server.start()
@@ -188,6 +238,8 @@ def create_app(
                 *([grpc_server.stop(grace)] if grpc_server is not None else []),
                 *(deployment.stop(grace) for deployment in deployments),
             )
+            if tls is not None:
+                await tls.stop()
 
     async def live(request: Request) -> Response:
         return Response(orjson.dumps({"live": True}), media_type="application/json")
@@ -215,7 +267,29 @@ def create_app(
         *rerank_routes(plane, max_body_bytes),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
+    if api_keys is not None:
+        # /metrics is open wherever it is served: on the main port, or (with a metrics port)
+        # only on the metrics listener, whose other routes are the probes.
+        unauthorized = metrics.unauthorized.labels("http")
+        app.add_middleware(
+            ApiKeyMiddleware,
+            keys=api_keys,
+            open_paths=OPEN_PATHS | {METRICS_PATH},
+            on_refused=unauthorized.inc,
+        )
+    if metrics_port:
+        app.add_middleware(ListenerRoutes, metrics_port=metrics_port)
     app.add_middleware(RequestIdMiddleware)
+    if cors_allow_origins:
+        # Outermost: a preflight (which never carries a key) is answered here, and a 401
+        # still carries the CORS headers, so a browser can read why it was refused.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_allow_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=CORS_ALLOW_HEADERS,
+            expose_headers=CORS_EXPOSE_HEADERS,
+        )
     app.state.grpc = grpc_server
     app.state.drain = drain
     return app

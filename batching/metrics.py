@@ -152,6 +152,16 @@ class Metrics:
             registry=r,
         )
 
+        self.unauthorized = Counter(
+            "batching_unauthorized",
+            "Requests and gRPC calls refused for want of a valid API key (401, UNAUTHENTICATED), "
+            "by door (http, grpc); no label comes from the request.",
+            ["door"],
+            registry=r,
+        )
+        for door in ("http", "grpc"):
+            self.unauthorized.labels(door)
+
         self.engine_info = Gauge(
             "batching_model_engine_info",
             "What runs each model's batches, as chosen at start-up: 1 per engine and "

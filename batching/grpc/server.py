@@ -10,13 +10,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import grpc
 from tritonclient.grpc import service_pb2_grpc
 
 from batching.service import DataPlane
+from batching.tls import CertificateFiles
 
+from .tls import server_credentials
 from .v2 import InferenceServicer
 
 __all__ = ["INT32_MAX", "GrpcServer", "GrpcUnavailable"]
@@ -67,6 +70,10 @@ class GrpcServer:
         an error: ``on_failure`` is told why, or :meth:`start` raises
         :class:`GrpcUnavailable`. If not (a default), the server logs one line and stays off,
         so that several servers on one machine need no flag but HTTP's.
+    :param tls: serve TLS (and mutual TLS) with these certificates, re-read for new
+        connections when their files change (:mod:`batching.grpc.tls`); None: plaintext.
+    :param interceptors: ``grpc.aio.ServerInterceptor`` s every call passes, in order (the
+        API key check, :mod:`.auth`).
     """
 
     def __init__(
@@ -77,12 +84,16 @@ class GrpcServer:
         *,
         explicit: bool = True,
         on_failure: Callable[[str], None] | None = None,
+        tls: CertificateFiles | None = None,
+        interceptors: Sequence[Any] = (),
     ) -> None:
         self.plane = plane
+        self.tls = tls
         self.host = host
         self.port = port
         self.explicit = explicit
         self.on_failure = on_failure
+        self.interceptors = list(interceptors)
         self._server: grpc.aio.Server | None = None
         self._stopping: asyncio.Task[None] | None = None
 
@@ -103,18 +114,25 @@ class GrpcServer:
         if problem is not None:
             self._refuse(problem)
             return
-        server = grpc.aio.server(options=OPTIONS)
+        server = grpc.aio.server(options=OPTIONS, interceptors=self.interceptors or None)
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
             InferenceServicer(self.plane), server
         )
         try:
-            server.add_insecure_port(self.address)
+            if self.tls is None:
+                server.add_insecure_port(self.address)
+            else:
+                server.add_secure_port(self.address, server_credentials(self.tls))
         except RuntimeError as exc:  # taken between the check and the bind
             self._refuse(OSError(str(exc)))
             return
         await server.start()
         self._server = server
-        logger.info("serving KServe v2 over gRPC on %s", self.address)
+        logger.info(
+            "serving KServe v2 over gRPC%s on %s",
+            "" if self.tls is None else " with TLS",
+            self.address,
+        )
 
     def _refuse(self, problem: OSError) -> None:
         reason = problem.strerror or str(problem)

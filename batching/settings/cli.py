@@ -6,9 +6,11 @@ import argparse
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from batching.config import BatchingConfig, ModelConfig
 from batching.http.connections import ConnectionLimits
+from batching.keys import ApiKeyError, ApiKeys, split_keys
 from batching.models.engines.options import (
     ENGINES,
     PRECISIONS,
@@ -18,6 +20,7 @@ from batching.models.engines.options import (
 from batching.models.prompts import PromptConfigError
 from batching.models.source import ModelSource, ModelSourceError
 from batching.runtime.cpus import CpuBudget, read_cpu_budget
+from batching.tls import CLIENT_CERT_MODES, TlsConfig, TlsError, load_certificates
 
 from .repository import RepositoryError, load_repository
 
@@ -56,6 +59,14 @@ class ServerSettings:
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
     #: The glibc allocator settings server.py applies (``auto``, ``off``); see batching/memory.py.
     malloc: str = "auto"
+    #: TLS (and mutual TLS) on HTTP and gRPC alike; None: plaintext.
+    tls: TlsConfig | None = None
+    #: The API keys every door asks for (``--api-key``, ``--api-key-file``); None: no key.
+    api_keys: ApiKeys | None = None
+    #: Origins browsers may call from (``--cors-allow-origin``); none: CORS is off.
+    cors_allow_origins: tuple[str, ...] = ()
+    #: A second listener on ``host`` for ``/metrics`` and the probes; None: the main port.
+    metrics_port: int | None = None
 
 
 def torch_threads_for(models: Sequence[ModelConfig], cores: int, asked: str) -> int:
@@ -109,6 +120,38 @@ class _Parser(argparse.ArgumentParser):
             choices=choices,
             help=f"{help}{shown} [env {env}]",
         )
+
+    def repeated_flag(self, flag: str, *, help: str) -> None:
+        """A flag that may be given several times; its variable twin holds a comma list, used
+        only when the flag is not given."""
+        env = _env_name(flag)
+        self.add_argument(
+            flag,
+            action="append",
+            default=None,
+            help=f"{help} (repeatable) [env {env}, comma-separated]",
+        )
+
+
+def _repeated(given: list[str] | None, flag: str, environ: Mapping[str, str]) -> list[str]:
+    """The values of a repeatable flag: the flags given, else its variable's comma list."""
+    if given is not None:
+        return [value for text in given for value in split_keys(text)]
+    return split_keys(environ.get(_env_name(flag), ""))
+
+
+def _origin(origin: str) -> str:
+    """A CORS origin as browsers send it: ``scheme://host[:port]``, or ``*`` for any."""
+    if origin == "*":
+        return origin
+    parts = urlsplit(origin)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):
+        raise ValueError(
+            f"--cors-allow-origin: {origin!r} is not an origin (scheme://host[:port], or *)"
+        )
+    if parts.query or parts.fragment or "@" in parts.netloc:
+        raise ValueError(f"--cors-allow-origin: {origin!r} is not an origin")
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
@@ -296,6 +339,50 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         default="auto",
         help="intra-op threads per instance; auto shares the cores out among the instances",
     )
+    parser.flag(
+        "--ssl-certfile",
+        help="serve HTTP and gRPC over TLS with this PEM certificate chain (the server's "
+        "certificate first); re-read for new connections when it changes",
+    )
+    parser.flag(
+        "--ssl-keyfile",
+        help="the unencrypted PEM private key of --ssl-certfile (unset: it is in --ssl-certfile)",
+    )
+    parser.flag(
+        "--ssl-ca-certs",
+        help="PEM bundle of the CAs client certificates must be signed by (mutual TLS; "
+        "needs --ssl-client-cert required or optional)",
+    )
+    parser.flag(
+        "--ssl-client-cert",
+        default="none",
+        choices=CLIENT_CERT_MODES,
+        help="required: a client without a certificate signed by --ssl-ca-certs is refused; "
+        "optional: HTTP asks for one and verifies it if sent (gRPC cannot ask without "
+        "requiring: it takes every TLS client); none: no client certificates",
+    )
+    parser.repeated_flag(
+        "--api-key",
+        help="a key every door then asks for (HTTP Authorization: Bearer KEY or api-key: KEY; "
+        "gRPC metadata authorization: Bearer KEY), except the health probes and /metrics; "
+        "prefer --api-key-file, which ps does not show",
+    )
+    parser.flag(
+        "--api-key-file",
+        help="a file of keys, one per line (a mounted Kubernetes Secret): re-read when it "
+        "changes, so keys rotate without a restart; empty or unreadable at start is an error",
+    )
+    parser.repeated_flag(
+        "--cors-allow-origin",
+        help="an origin (https://app.example.com, or * for any) whose pages may call the "
+        "server from a browser; unset: CORS is off",
+    )
+    parser.flag(
+        "--metrics-port",
+        type=int,
+        help="serve /metrics (and the health probes) on this port of --host instead of the "
+        "main port, so it can be firewalled apart (default: /metrics on the main port)",
+    )
     parser.flag("--log-level", default="info", help="debug, info, warning or error")
     parser.flag(
         "--log-format", default="text", choices=("text", "json"), help="log lines as text or JSON"
@@ -411,6 +498,14 @@ def parse_settings(
         except RepositoryError as exc:
             # The message names the file and key; the usage text would only bury it.
             parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    try:
+        tls = TlsConfig.from_flags(
+            args.ssl_certfile, args.ssl_keyfile, args.ssl_ca_certs, str(args.ssl_client_cert)
+        )
+        if tls is not None:
+            load_certificates(tls)  # a missing file or a key that does not match: one line
+    except TlsError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     grpc_port = DEFAULT_GRPC_PORT if args.grpc_port is None else int(args.grpc_port)
     if not 0 <= grpc_port <= 65535:
         parser.error(f"--grpc-port must be a port number, or 0 to turn gRPC off: {grpc_port}")
@@ -428,6 +523,29 @@ def parse_settings(
         )
     except ValueError as exc:
         parser.error(str(exc))
+    keys = _repeated(args.api_key, "--api-key", environment)
+    api_keys = None
+    if keys or args.api_key_file:
+        try:
+            api_keys = ApiKeys(keys, args.api_key_file or None)
+        except ApiKeyError as exc:
+            # One line that names the flag (and the file), never a key.
+            parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    try:
+        origins = tuple(
+            _origin(origin)
+            for origin in _repeated(args.cors_allow_origin, "--cors-allow-origin", environment)
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    metrics_port = None if args.metrics_port is None else int(args.metrics_port)
+    if metrics_port is not None and not (
+        1 <= metrics_port <= 65535 and metrics_port not in (int(args.port), grpc_port)
+    ):
+        parser.error(
+            f"--metrics-port must be a port number other than --port and --grpc-port: "
+            f"{metrics_port}"
+        )
     return ServerSettings(
         host=str(args.host),
         port=int(args.port),
@@ -443,4 +561,8 @@ def parse_settings(
         cpu_budget=budget,
         connections=connections,
         malloc=str(args.malloc),
+        tls=tls,
+        api_keys=api_keys,
+        cors_allow_origins=origins,
+        metrics_port=metrics_port,
     )
