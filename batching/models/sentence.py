@@ -109,7 +109,7 @@ class SentenceEmbedder:
         # None until known: resolved against the tokenizer on first use, as
         # sentence-transformers does when its config names no length.
         self._max_seq_length: int | None = max_seq_length or st_config.get("max_seq_length")
-        self.prompts = read_prompts(self.path, prompt)
+        self.prompts = read_prompts(self.path, prompt, self.name)
         self._default_prompt = self.prompts.default
 
         pooling_dir, self.normalize = self._read_modules()
