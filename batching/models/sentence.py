@@ -287,6 +287,11 @@ class SentenceEmbedder:
             raise UnprocessableInput(
                 f"{self.name} returns dense or tokens outputs, not {item.output}"
             )
+        if item.output == "tokens" and (item.dimensions is not None or item.encoding != "float"):
+            raise UnprocessableInput(
+                "per-token vectors are float32 of the model's full width: dimensions and "
+                "compact encodings apply to dense vectors only"
+            )
         if item.encoding not in ENCODINGS:
             raise UnprocessableInput(
                 f"encoding {item.encoding!r} is not one of {', '.join(ENCODINGS)}"
