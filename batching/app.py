@@ -23,9 +23,11 @@ from batching.http.auth import OPEN_PATHS, ApiKeyMiddleware
 from batching.http.errors import EXCEPTION_HANDLERS
 from batching.http.listeners import METRICS_PATH, ListenerRoutes
 from batching.http.middleware import RequestIdMiddleware
+from batching.http.multivector import multivector_routes
 from batching.http.openai import openai_routes
 from batching.http.plain import plain_routes
 from batching.http.rerank import rerank_routes
+from batching.http.tokens import token_routes
 from batching.http.v2 import v2_routes
 from batching.keys import ApiKeys
 from batching.metrics import Metrics
@@ -265,6 +267,8 @@ def create_app(
         *v2_routes(plane, max_body_bytes),
         *openai_routes(plane, max_body_bytes),
         *rerank_routes(plane, max_body_bytes),
+        *token_routes(plane, max_body_bytes),
+        *multivector_routes(plane, max_body_bytes),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
     if api_keys is not None:

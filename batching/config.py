@@ -60,6 +60,9 @@ class ModelConfig:
     #: Where exported engines and start-up measurements are kept; None: the default folder
     #: (``$BATCHING_ENGINE_CACHE``, ``$XDG_CACHE_HOME/batching/engines``, ``~/.cache/...``).
     engine_cache: str | None = None
+    #: Embedding models: cut texts longer than the model's maximum length (True), or refuse
+    #: them with a 413 unless a request sends ``truncate: true`` (False, ``--no-truncate``).
+    truncate: bool = True
     #: The default prompt of a sentence embedder, by name (one of its folder's ``prompts``),
     #: overriding the folder's ``default_prompt_name``; exclusive with ``default_prompt``.
     default_prompt_name: str | None = None

@@ -101,6 +101,12 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+        self.truncated = Counter(
+            "batching_truncated_inputs",
+            "Texts cut at the model's maximum length (embedding requests that allow it).",
+            ["model"],
+            registry=r,
+        )
         self.dropped = Counter(
             "batching_dropped_items",
             "Queued items never computed: caller gone or too late.",

@@ -192,6 +192,7 @@ class DataPlane:
         request_id: str = "",
         disconnected: Callable[[], Awaitable[None]] | None = None,
         tokens: list[int] | None = None,
+        token_cap: int | None = None,
     ) -> list[Any] | None:
         """Queue ``inputs`` and wait for their outputs, in order; None when the client went
         away first (``disconnected`` returned), in which case its items are dropped before
@@ -199,6 +200,9 @@ class DataPlane:
 
         :param tokens: the inputs' ``count_tokens``, when the door has already counted them
             (:meth:`count_tokens`); counted here when the model is batched by tokens otherwise.
+        :param token_cap: with ``tokens``, the padded tokens every batch these items run in
+            may carry, whether or not the model is batched by tokens (outputs that grow with
+            tokens, such as per-token vectors; see :meth:`Batcher.submit`).
         :raises UnprocessableInput: the model cannot take an input (a fill-mask text without
             its mask token) or cannot tokenise it.
         :raises DeadlineExceeded: not served before ``deadline``; the message says which
@@ -206,7 +210,9 @@ class DataPlane:
         :raises BatchingError: refused at admission (see :meth:`Batcher.submit`).
         """
         check_mask_token(deployment.metadata, inputs)
-        if deployment.count_tokens is None:
+        if token_cap is not None and tokens is not None and len(tokens) == len(inputs):
+            pass  # counted by the door, and needed for the cap whatever the model's batching
+        elif deployment.count_tokens is None:
             tokens = None
         elif tokens is None or len(tokens) != len(inputs):
             try:
@@ -214,7 +220,11 @@ class DataPlane:
             except Exception as exc:
                 raise UnprocessableInput(f"the model cannot tokenize this input: {exc}") from None
         future = deployment.batcher.submit(
-            inputs, deadline=deadline, tokens=tokens, request_id=request_id
+            inputs,
+            deadline=deadline,
+            tokens=tokens,
+            request_id=request_id,
+            token_cap=token_cap if tokens is not None else None,
         )
         watcher = asyncio.ensure_future(disconnected()) if disconnected is not None else None
         waited: set[asyncio.Future[Any]] = {future} if watcher is None else {future, watcher}

@@ -398,8 +398,14 @@ async def test_errors_map_to_grpc_status_codes_and_are_counted_as_on_http() -> N
             # Over the item cap (HTTP's 413): the request's fault, so INVALID_ARGUMENT.
             await expect_error(client.infer("echo", [too_many]), "INVALID_ARGUMENT", "at most 4")
             await expect_error(client.infer("echo", [ok], timeout=0), "INVALID_ARGUMENT", "timeout")
-            # Unknown parameters are tolerated.
-            result = await client.infer("echo", [ok], parameters={"custom": "x", "n": 3})
+            # A parameter the server does not apply is refused, never ignored; Triton's own
+            # (which tritonclient and perf_analyzer send) are accepted.
+            await expect_error(
+                client.infer("echo", [ok], parameters={"custom": "x"}), "INVALID_ARGUMENT", "custom"
+            )
+            result = await client.infer(
+                "echo", [ok], priority=1, sequence_id=7, sequence_start=True, timeout=5_000_000
+            )
             assert echoed(result.as_numpy("echo")) == ["fine"]
         finally:
             await client.close()
@@ -426,7 +432,7 @@ async def test_errors_map_to_grpc_status_codes_and_are_counted_as_on_http() -> N
         code: sample(metrics, "batching_requests_total", 0.0, model="echo", code=code)
         for code in ("200", "400", "413", "422")
     }
-    assert counted == {"200": 2, "400": 3, "413": 1, "422": 1}
+    assert counted == {"200": 2, "400": 4, "413": 1, "422": 1}
 
 
 async def test_a_model_that_raises_is_internal_without_its_details() -> None:

@@ -13,8 +13,8 @@ Decisions worth knowing:
   in HTTP's binary extension) or in each input's typed ``contents``, as Triton accepts it.
 - Typed contents must sit in the field of the input's datatype (``fp32_contents`` for FP32,
   ``int_contents`` for INT8/16/32, ...); FP16 has no typed field and must come raw.
-- Request parameters keep whatever value type they were sent with; unknown ones are kept and
-  ignored (perf_analyzer sends ``triton_enable_empty_final_response``).
+- Request parameters keep whatever value type they were sent with; what they mean (Triton's,
+  embedding options, or a 400) is :mod:`batching.kserve.infer`'s business.
 - Outputs go back in ``raw_output_contents``, which is what tritonclient reads fastest.
 """
 
@@ -202,9 +202,14 @@ def _from_raw(where: str, datatype: str, raw: bytes, count: int) -> np.ndarray:
 
 
 def encode_infer_response(
-    model_name: str, model_version: str, request_id: str | None, outputs: list[InferTensor]
+    model_name: str,
+    model_version: str,
+    request_id: str | None,
+    outputs: list[InferTensor],
+    parameters: Mapping[str, Any] | None = None,
 ) -> Any:
-    """A ``ModelInferResponse`` carrying ``outputs`` in ``raw_output_contents``.
+    """A ``ModelInferResponse`` carrying ``outputs`` in ``raw_output_contents``, and
+    ``parameters`` (bool, int or str values) in its parameters.
 
     :raises ValueError: when an output's data does not match its datatype or shape, or a BYTES
         element is neither ``bytes`` nor ``str`` (a bug in the model or server, not the client).
@@ -223,6 +228,14 @@ def encode_infer_response(
         entry = response.outputs.add(name=tensor.name, datatype=tensor.datatype)
         entry.shape.extend(int(dim) for dim in tensor.shape)
         response.raw_output_contents.append(_raw_from_array(tensor.datatype, data))
+    for key, value in (parameters or {}).items():
+        parameter = response.parameters[key]
+        if isinstance(value, bool):
+            parameter.bool_param = value
+        elif isinstance(value, int):
+            parameter.int64_param = value
+        else:
+            parameter.string_param = str(value)
     return response
 
 

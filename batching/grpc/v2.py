@@ -23,9 +23,21 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from batching.answers import answer_log
+from batching.codecs.embedding import run_embedding
+from batching.codecs.multivector import run_per_token
 from batching.errors import BatchingError, ModelNotFound
 from batching.kserve import describe
-from batching.kserve.infer import items_of, output_tensors, timeout_parameter
+from batching.kserve.infer import (
+    embedding_parameters,
+    embedding_plan,
+    embedding_tensors,
+    items_of,
+    output_tensors,
+    timeout_parameter,
+    token_answer_parameters,
+    token_answer_tensors,
+    token_plan_of,
+)
 from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
 
@@ -150,15 +162,37 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             asked = _lower(context.time_remaining(), timeout_parameter(parsed.parameters))
             deadline = plane.deadline(deployment, asked)
             items = items_of(deployment, parsed)
-            outputs = await self._infer(deployment, items, deadline, rid)
-            if outputs is None:
-                status = CANCELLED
-                await context.abort(grpc.StatusCode.CANCELLED, "the call was cancelled")
+            per_token = token_plan_of(deployment, parsed, items)
+            plan = None if per_token is not None else embedding_plan(deployment, parsed, items)
+            parameters: dict[str, Any] = {}
+            if per_token is not None:
+                tokens = await run_per_token(
+                    plane, deployment, per_token, deadline=deadline, request_id=rid
+                )
+                if tokens is None:
+                    status = CANCELLED
+                    await context.abort(grpc.StatusCode.CANCELLED, "the call was cancelled")
+                assert tokens is not None
+                tensors = token_answer_tensors(parsed, tokens)
+                parameters = token_answer_parameters(tokens)
+            elif plan is None:
+                outputs = await self._infer(deployment, items, deadline, rid)
+                if outputs is None:
+                    status = CANCELLED
+                    await context.abort(grpc.StatusCode.CANCELLED, "the call was cancelled")
+                tensors = output_tensors(deployment, outputs)
+            else:
+                answer = await run_embedding(
+                    plane, deployment, plan, deadline=deadline, request_id=rid
+                )
+                if answer is None:
+                    status = CANCELLED
+                    await context.abort(grpc.StatusCode.CANCELLED, "the call was cancelled")
+                assert answer is not None
+                tensors = embedding_tensors(deployment, plan, answer)
+                parameters = embedding_parameters(answer)
             response = encode_infer_response(
-                deployment.name,
-                deployment.config.version,
-                parsed.id,
-                output_tensors(deployment, outputs),
+                deployment.name, deployment.config.version, parsed.id, tensors, parameters
             )
             status = 200
             return response

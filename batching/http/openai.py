@@ -25,18 +25,16 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from batching.answers import answer_log
+from batching.codecs.embed_options import EmbedOptions, plan_embedding
+from batching.codecs.embedding import run_embedding
 from batching.codecs.openai import (
     MAX_INPUT_TOKENS,
-    check_dimensions,
     check_token_limits,
-    embedding_vectors,
-    embedding_width,
     encode_embeddings,
     encode_model,
     encode_models,
     error_document,
     is_embedding_model,
-    is_normalized,
     parse_embeddings_request,
 )
 from batching.errors import (
@@ -197,31 +195,41 @@ def openai_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
         deployment = served_model(plane, parsed.model, is_embedding_model, "an embedding")
         with recorded(plane, deployment) as outcome:
             deadline = plane.deadline(deployment, timeout_of(request))
-            metadata = deployment.metadata
-            check_dimensions(
-                parsed.dimensions, embedding_width(metadata), is_normalized(metadata), parsed.model
-            )
-            counts = await plane.count_tokens(deployment, parsed.texts, limit=MAX_INPUT_TOKENS + 1)
-            if counts.lengths is not None:
-                check_token_limits(counts.lengths)
-            outputs = await plane.infer(
-                deployment,
+            if not deployment.metadata and parsed.options != EmbedOptions(
+                encoding=parsed.options.encoding, base64=parsed.options.base64
+            ):
+                raise NotReady(f"model {parsed.model!r} is loading", retry_after=1.0)
+            plan = plan_embedding(
                 parsed.texts,
+                parsed.options,
+                deployment.metadata,
+                model=parsed.model,
+                truncate_default=deployment.config.truncate,
+                encoding_name="encoding_format",
+            )
+            answer = await run_embedding(
+                plane,
+                deployment,
+                plan,
                 deadline=deadline,
                 request_id=request_id_of(request.scope),
                 disconnected=disconnect_of(request),
-                tokens=counts.used,
+                count=True,
+                at_least=MAX_INPUT_TOKENS + 1,
+                check_lengths=check_token_limits,
             )
-            if outputs is None:
+            if answer is None:
                 outcome.status = CLIENT_CLOSED
                 return Response(status_code=CLIENT_CLOSED)
-            vectors = embedding_vectors(
-                outputs, parsed.dimensions, is_normalized(deployment.metadata), parsed.model
+            result = encode_embeddings(
+                parsed.model,
+                answer.vectors,
+                parsed.encoding_format,
+                answer.tokens or 0,
+                answer.truncated,
             )
-            tokens = sum(counts.used) if counts.used is not None else 0
-            answer = encode_embeddings(parsed.model, vectors, parsed.encoding_format, tokens)
             outcome.status = 200
-            return _json(answer)
+            return _json(result)
 
     def embedding_models() -> list[str]:
         return [d.name for d in plane.deployments if is_embedding_model(d.metadata)]

@@ -22,6 +22,8 @@ from batching.metrics import Duration, ModelEvents, ModelStatistics
 from batching.runtime.deployment import Deployment
 from batching.service import Deployments
 
+from .multivector import ragged_parameters, token_output_config, token_output_metadata
+
 __all__ = [
     "EXTENSIONS",
     "input_names",
@@ -116,13 +118,18 @@ def model_metadata(deployment: Deployment) -> dict[str, Any]:
         "versions": [deployment.config.version],
         "platform": _platform(deployment),
         "inputs": tensors("inputs"),
-        "outputs": tensors("outputs"),
+        "outputs": tensors("outputs") + token_output_metadata(deployment),
     }
     engine = deployment.metadata.get("engine")
     if isinstance(engine, dict):
         # What runs the model and why (the figures measured at start-up); not a v2 field,
         # so clients that read only the protocol's fields ignore it.
         described["engine"] = engine
+    embedding = deployment.metadata.get("embedding")
+    if isinstance(embedding, dict):
+        # The embedding options the model applies (prompts, max_seq_length, encodings, the
+        # int8/uint8 quantization ranges calibrated at warm-up); not a v2 field either.
+        described["embedding"] = embedding
     return described
 
 
@@ -134,6 +141,19 @@ def _engine_parameters(deployment: Deployment) -> dict[str, object]:
         "engine": engine.get("engine"),
         "precision": engine.get("precision"),
         "engine_decision": orjson.dumps(engine).decode(),
+    }
+
+
+def _embedding_parameters(deployment: Deployment) -> dict[str, object]:
+    """An embedding model's options (prompts, quantization ranges...) as one JSON string, so
+    that gRPC clients, whose metadata message has no room for them, can read them too; and
+    whether it cuts over-long texts by default (``--no-truncate``)."""
+    embedding = deployment.metadata.get("embedding")
+    if not isinstance(embedding, dict):
+        return {}
+    return {
+        "embedding": orjson.dumps(embedding).decode(),
+        "truncate": str(deployment.config.truncate).lower(),
     }
 
 
@@ -193,7 +213,7 @@ def model_config(deployment: Deployment) -> dict[str, Any]:
         "version_policy": _version_policy(config.version),
         "max_batch_size": batching.max_batch_size,
         "input": inputs,
-        "output": tensors("outputs"),
+        "output": tensors("outputs") + token_output_config(deployment),
         "dynamic_batching": {
             "preferred_batch_size": list(batching.preferred_batch_sizes),
             "max_queue_delay_microseconds": round(batching.max_queue_delay * 1e6),
@@ -222,6 +242,8 @@ def model_config(deployment: Deployment) -> dict[str, Any]:
                 "instance_kind": config.instance_kind,
                 "devices": ",".join(config.devices),
                 **_engine_parameters(deployment),
+                **_embedding_parameters(deployment),
+                **ragged_parameters(deployment),
             }
         ),
     }

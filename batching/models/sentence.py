@@ -434,6 +434,10 @@ class SentenceEmbedder:
                 "calibration_texts": CALIBRATION_COUNT,
                 "truncation_directions": ["right", "left"],
                 "tokenize": True,
+                # What /decode checks ids against, and the width of a per-token vector (the
+                # encoder's, before pooling).
+                "vocab_size": None if self._tokenizer is None else len(self._tokenizer),
+                "token_dimension": self._config.get("hidden_size") or self._config.get("d_model"),
             },
             **({"engine": self._model.describe()} if self._model is not None else {}),
         }

@@ -154,6 +154,20 @@ def _origin(origin: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
+def _switch(environ: Mapping[str, str], flag: str) -> bool:
+    """An on/off flag's environment twin: 1/true/yes/on is on, 0/false/no/off/unset is off.
+
+    :raises SystemExit: any other value, naming the variable.
+    """
+    env = _env_name(flag)
+    value = environ.get(env, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise SystemExit(f"server.py: error: {env} must be 1 or 0 (true or false), not {value!r}")
+
+
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     """The ``server.py`` argument parser; defaults come from ``environ`` (``os.environ``)."""
     environ = os.environ if environ is None else environ
@@ -323,6 +337,14 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="folder for exported engines and start-up measurements (default: "
         f"{default_cache_dir({})}, or under $XDG_CACHE_HOME)",
     )
+    parser.add_argument(
+        "--no-truncate",
+        action="store_true",
+        default=_switch(environ, "--no-truncate"),
+        help="embedding models: refuse (413) a text longer than the model's maximum length "
+        "instead of cutting it; a request's truncate: true still cuts "
+        f"[env {_env_name('--no-truncate')}=1]",
+    )
     parser.flag(
         "--default-prompt-name",
         help="the prompt prepended to every text that names none: one of the folder's "
@@ -482,6 +504,7 @@ def parse_settings(
             engine=str(args.engine),
             precision=str(args.precision),
             engine_cache=args.engine_cache or None,
+            truncate=not args.no_truncate,
             default_prompt_name=args.default_prompt_name,
             default_prompt=args.default_prompt,
         )

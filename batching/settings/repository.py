@@ -49,6 +49,7 @@ _TOP_KEYS = (
     "warmup",
     "engine",
     "precision",
+    "truncate",
     "default_prompt_name",
     "default_prompt",
 )
@@ -113,6 +114,7 @@ def model_from_table(
     warmup_sizes, warmup_data, warmup_file = _warmup(top, base, folder, max_batch_size)
     engine = top.choice("engine", ENGINES, base.engine)
     precision = top.choice("precision", PRECISIONS, base.precision)
+    truncate = _truncate(top, base.truncate)
     prompt_name, prompt = _prompt(top, base)
     top.finish(_TOP_KEYS)
     try:
@@ -131,11 +133,22 @@ def model_from_table(
             engine=engine,
             precision=precision,
             engine_cache=base.engine_cache,
+            truncate=truncate,
             default_prompt_name=prompt_name,
             default_prompt=prompt,
         )
     except ValueError as exc:  # cross-field rules the checks above do not cover
         raise RepositoryError(f"{file}: {path + ': ' if path else ''}{exc}") from exc
+
+
+def _truncate(top: Table, default: bool) -> bool:
+    """``truncate``: cut over-long texts (true) or refuse them with a 413 (false)."""
+    value = top.get("truncate")
+    if value is MISSING:
+        return default
+    if not isinstance(value, bool):
+        raise top.error("truncate", "must be true or false", value)
+    return value
 
 
 def _prompt(top: Table, base: ModelConfig) -> tuple[str | None, str | None]:
