@@ -127,6 +127,20 @@ def test_a_decoder_embedder_under_engine_auto_matches_encode(decoder: Path, tmp_
     model.load("cpu")
     reference = SentenceTransformer(str(decoder), device="cpu")
     np.testing.assert_allclose(model.predict(TEXTS), reference.encode(TEXTS), atol=1e-4)
+    # Option items (prompts, left truncation, per-token vectors) run on the same engine and
+    # equal torch's.
+    torch_model = SentenceEmbedder(decoder, engine=EngineOptions(engine="torch", precision="fp32"))
+    torch_model.load("cpu")
+    items = [
+        EmbedItem(TEXTS[2] * 3, prompt=PROMPTS["query"], truncate_left=True),
+        EmbedItem(TEXTS[0], output="tokens"),
+        EmbedItem(TEXTS[1], prompt=PROMPTS["passage"], output="tokens"),
+    ]
+    got, want = model.predict(items), torch_model.predict(items)
+    np.testing.assert_allclose(got[0], want[0], atol=1e-4)
+    for output, expected in zip(got[1:], want[1:], strict=True):
+        assert output.ids.tolist() == expected.ids.tolist()
+        np.testing.assert_allclose(output.vectors, expected.vectors, atol=1e-4)
 
 
 def test_token_vectors_are_the_real_tokens_last_hidden_states(decoder: Path) -> None:

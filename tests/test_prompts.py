@@ -237,6 +237,17 @@ def test_a_prompt_setting_that_cannot_apply_stops_the_start_with_one_line(
     assert err.count("\n") == 1 and "usage" not in err
 
 
+def test_the_default_model_declares_no_prompts_but_takes_a_literal_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_settings(["--default-prompt-name", "query"], {})
+    assert exited.value.code == 2
+    assert "'query' is not a prompt of all-MiniLM-L6-v2; known: none" in capsys.readouterr().err
+    model = parse_settings(["--default-prompt", "query: "], {}).models[0]
+    assert model.prompt_options == PromptOptions(text="query: ")
+
+
 def test_a_folder_whose_own_default_names_no_prompt_is_refused(tmp_path: Path) -> None:
     folder = sentence_folder(tmp_path, "broken", prompts=PROMPTS, default_prompt_name="nope")
     with pytest.raises(PromptConfigError, match="default_prompt_name 'nope' is not among"):

@@ -148,6 +148,8 @@ def test_a_mixed_batch_returns_one_output_per_item_in_order(model: SentenceEmbed
     ("item", "message"),
     [
         (EmbedItem("a", output="sparse"), "dense or tokens"),
+        (EmbedItem("a", output="tokens", dimensions=8), "apply to dense vectors only"),
+        (EmbedItem("a", output="tokens", encoding="int8"), "apply to dense vectors only"),
         (EmbedItem("a", dimensions=33), "dimensions must be between 1 and 32"),
         (EmbedItem("a", encoding="int4"), "encoding 'int4'"),  # type: ignore[arg-type]
     ],

@@ -73,20 +73,25 @@ class Prompts:
         )
 
 
-def read_prompts(folder: Path, options: PromptOptions | None = None) -> Prompts:
+def read_prompts(
+    folder: Path, options: PromptOptions | None = None, name: str | None = None
+) -> Prompts:
     """The prompts ``folder`` declares and the effective default under ``options``.
+
+    :param name: the model as messages name it (default: the folder's name).
 
     :raises PromptConfigError: for an unreadable file, a name (the folder's own default or
         ``options.name``) that is not among the prompts.
     """
-    declared, folder_default = _declared(folder)
+    label = name or folder.name
+    declared, folder_default = _declared(folder, label)
     options = options or PromptOptions()
     if options.text is not None:
         return Prompts(declared, None, options.text)
     if options.name is not None:
         if options.name not in declared:
             raise PromptConfigError(
-                f"--default-prompt-name {options.name!r} is not a prompt of {folder.name}; "
+                f"--default-prompt-name {options.name!r} is not a prompt of {label}; "
                 f"known: {Prompts(declared).known()}"
             )
         return Prompts(declared, options.name, declared[options.name])
@@ -94,31 +99,29 @@ def read_prompts(folder: Path, options: PromptOptions | None = None) -> Prompts:
         return Prompts(declared)
     if folder_default not in declared:
         raise PromptConfigError(
-            f"{folder.name}/{PROMPTS_FILE}: default_prompt_name {folder_default!r} is not among "
+            f"{label}/{PROMPTS_FILE}: default_prompt_name {folder_default!r} is not among "
             f"its prompts (known: {Prompts(declared).known()}); fix the file or override it with "
             "--default-prompt-name or --default-prompt"
         )
     return Prompts(declared, folder_default, declared[folder_default])
 
 
-def _declared(folder: Path) -> tuple[dict[str, str], str | None]:
+def _declared(folder: Path, label: str) -> tuple[dict[str, str], str | None]:
     path = folder / PROMPTS_FILE
     if not path.is_file():
         return {}, None
     try:
         data: Any = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise PromptConfigError(f"{folder.name}/{PROMPTS_FILE} cannot be read: {exc}") from None
+        raise PromptConfigError(f"{label}/{PROMPTS_FILE} cannot be read: {exc}") from None
     if not isinstance(data, dict):
-        raise PromptConfigError(f"{folder.name}/{PROMPTS_FILE} is not a JSON object")
+        raise PromptConfigError(f"{label}/{PROMPTS_FILE} is not a JSON object")
     prompts = data.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(
         isinstance(key, str) and isinstance(value, str) for key, value in prompts.items()
     ):
-        raise PromptConfigError(f"{folder.name}/{PROMPTS_FILE}: prompts must map names to texts")
+        raise PromptConfigError(f"{label}/{PROMPTS_FILE}: prompts must map names to texts")
     default = data.get("default_prompt_name")
     if default is not None and not isinstance(default, str):
-        raise PromptConfigError(
-            f"{folder.name}/{PROMPTS_FILE}: default_prompt_name must be a string"
-        )
+        raise PromptConfigError(f"{label}/{PROMPTS_FILE}: default_prompt_name must be a string")
     return dict(prompts), default or None

@@ -110,7 +110,7 @@ class SentenceEmbedder:
         # None until known: resolved against the tokenizer on first use, as
         # sentence-transformers does when its config names no length.
         self._max_seq_length: int | None = max_seq_length or st_config.get("max_seq_length")
-        self.prompts = read_prompts(self.path, prompt)
+        self.prompts = read_prompts(self.path, prompt, self.name)
         self._default_prompt = self.prompts.default
 
         pooling_dir, self.normalize = self._read_modules()
@@ -288,6 +288,11 @@ class SentenceEmbedder:
         if item.output not in ("dense", "tokens"):
             raise UnprocessableInput(
                 f"{self.name} returns dense or tokens outputs, not {item.output}"
+            )
+        if item.output == "tokens" and (item.dimensions is not None or item.encoding != "float"):
+            raise UnprocessableInput(
+                "per-token vectors are float32 of the model's full width: dimensions and "
+                "compact encodings apply to dense vectors only"
             )
         if item.encoding not in ENCODINGS:
             raise UnprocessableInput(

@@ -148,7 +148,7 @@ class ModelSource:
                 raise PromptConfigError(str(exc)) from None
         else:
             folder = Path(self.location)
-        read_prompts(folder, prompt)
+        read_prompts(folder, prompt, self.default_name)
 
     def build(
         self, engine: EngineOptions | None = None, prompt: PromptOptions | None = None
