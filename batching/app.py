@@ -21,6 +21,7 @@ from batching.http.errors import EXCEPTION_HANDLERS
 from batching.http.middleware import RequestIdMiddleware
 from batching.http.openai import openai_routes
 from batching.http.plain import plain_routes
+from batching.http.redirects import RelativeRedirectMiddleware
 from batching.http.rerank import rerank_routes
 from batching.http.v2 import v2_routes
 from batching.metrics import Metrics
@@ -216,6 +217,7 @@ def create_app(
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
     app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(RelativeRedirectMiddleware)
     app.state.grpc = grpc_server
     app.state.drain = drain
     return app
