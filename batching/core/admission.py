@@ -19,8 +19,11 @@ late, admission plans with what the instance delivers, and what it admits still 
 Retry-After hints are spread between the queue's drain time and twice it, so clients that
 honour them come back spread out rather than all at once. Every refusal also says how long
 the queue needs before it could take the request (:func:`hold_for`): the HTTP edge holds an
-identical request sent again on the same connection before then, so clients that resend at
-once wait without costing the server a refusal each.
+identical request sent again from the same client address before then (on any connection), so
+clients that resend at once wait without costing the server a refusal each. That time counts
+the requests refused before it too (:class:`ReturnLine`): under a storm every refused client
+comes back, and a hold that counted only the queue would release them all at once into a
+queue with room for a few, to be refused again, each refusal costing CPU the model needs.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ __all__ = [
     "ADMISSION_MARGIN",
     "MIN_HOLD",
     "Admission",
+    "ReturnLine",
     "Throughput",
     "hold_for",
     "retry_after",
@@ -109,6 +113,29 @@ class Throughput:
             self.served += LEARNING_RATE * (rate - self.served)
 
 
+class ReturnLine:
+    """The items refused lately that are expected back, as a line served at the model's rate.
+
+    Each refusal joins the back of the line; the line drains at the capacity admission plans
+    with, so a refused request's place in it is how long until the queue could take it after
+    the requests refused before it. One number and a timestamp: a refusal keeps no memory.
+    """
+
+    def __init__(self) -> None:
+        self.items = 0.0
+        self._at: float | None = None
+
+    def join(self, count: int, capacity: float, now: float) -> float:
+        """``count`` items refused at ``now``: the seconds until the line ahead of them is
+        served at ``capacity`` items per second."""
+        if self._at is not None:
+            self.items = max(0.0, self.items - capacity * max(0.0, now - self._at))
+        self._at = now
+        ahead = self.items / capacity
+        self.items += count
+        return ahead
+
+
 class Admission:
     """The breaker and the deadline-fit rule for one model's queue.
 
@@ -130,12 +157,21 @@ class Admission:
         self.throughput = Throughput()
         self.breaker_open = False
         self.rng = rng or random.Random()
+        self.returning = ReturnLine()
 
     def check(
-        self, count: int, *, queued: int, running: int, instances: int, time_left: float
+        self,
+        count: int,
+        *,
+        queued: int,
+        running: int,
+        instances: int,
+        time_left: float,
+        now: float | None = None,
     ) -> None:
         """Admit ``count`` items with ``queued`` items waiting and ``running`` in batches on
-        ``instances`` ready instances, ``time_left`` seconds before the request's deadline.
+        ``instances`` ready instances, ``time_left`` seconds before the request's deadline;
+        ``now`` (the loop's time) places a refusal in the :class:`ReturnLine`.
 
         :raises Overloaded: the breaker is open, or the request cannot be served in time.
         """
@@ -154,6 +190,8 @@ class Admission:
                 queued,
                 capacity,
                 max(excess, config.max_batch_size) / capacity,
+                count,
+                now,
             )
         # The work ahead of this request (queued and running), at the measured rate, must
         # fit in its deadline with room to spare: the rate is an estimate, and a request let
@@ -173,11 +211,26 @@ class Admission:
                 # The work ahead of it drains in this long (at least one batch): held that
                 # long, the clients refused together come back as the room they need frees.
                 max(ahead, config.max_batch_size) / capacity,
+                count,
+                now,
             )
 
-    def _refusal(self, message: str, queued: int, capacity: float, drain_s: float) -> Overloaded:
+    def _refusal(
+        self,
+        message: str,
+        queued: int,
+        capacity: float,
+        drain_s: float,
+        count: int,
+        now: float | None,
+    ) -> Overloaded:
         hint = spread(retry_after(queued, capacity), self.rng)
-        return Overloaded(message, retry_after=hint, hold=hold_for(drain_s, hint, self.rng))
+        hold = hold_for(drain_s, hint, self.rng)
+        if now is not None:
+            # Behind the requests refused before it, which come back as well.
+            line_s = drain_s + self.returning.join(count, capacity, now)
+            hold = min(hint, max(hold, line_s))
+        return Overloaded(message, retry_after=hint, hold=hold)
 
 
 def retry_after(depth: int, capacity: float) -> float:

@@ -135,6 +135,7 @@ class Batcher:
             running=self.running_items,
             instances=self.ready_instances,
             time_left=deadline - now,
+            now=now,
         )
         future = Pending(loop=loop)
         request = Request(

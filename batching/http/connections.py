@@ -65,6 +65,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 from batching.errors import Unavailable
 
+from .resends import RequestKey, Resends
+
 __all__ = ["HOLD_KEY", "PROBE_PATHS", "ConnectionLimits", "hold_resends", "protocol_class"]
 
 #: Where a door leaves, in a refused request's scope, how long an early resend of it is held.
@@ -79,9 +81,6 @@ PROBE_PATHS = frozenset({b"/v2/health/live", b"/v2/health/ready"})
 
 #: How long a reserved connection may take to send its headers.
 PROBE_HEADER_TIMEOUT = 1.0
-
-#: What makes two requests the same: method, path, query, body length and body CRC-32.
-_RequestKey = tuple[str, bytes, bytes, int, int]
 
 
 def hold_resends(scope: MutableMapping[str, Any], exc: Unavailable) -> None:
@@ -215,6 +214,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     limits = ConnectionLimits()
     #: The reserved (probe-only) connections open now, oldest first; one per server.
     reserve: dict[BoundedHttpProtocol, None] = {}
+    #: Refused requests by client address, whose early resends are held; one per server.
+    resends = Resends()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -230,8 +231,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         # request waiting to be compared or released.
         self._body_crc = 0
         self._body_length = 0
-        self._last_request: tuple[RequestResponseCycle, _RequestKey] | None = None
-        self._refused: tuple[_RequestKey, float] | None = None
+        self._last_request: tuple[RequestResponseCycle, RequestKey] | None = None
         self._deferred: tuple[RequestResponseCycle, ASGI3Application] | None = None
         self._hold_timer: asyncio.TimerHandle | None = None
         # The head (request line and headers) now arriving: whether one is, its bytes and
@@ -427,7 +427,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         super().on_message_complete()
         cycle = self.cycle
         scope = cycle.scope
-        key: _RequestKey = (
+        key: RequestKey = (
             scope["method"],
             scope["raw_path"],
             scope["query_string"],
@@ -438,25 +438,22 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         deferred, self._deferred = self._deferred, None
         if deferred is None:
             return
-        refused, self._refused = self._refused, None
-        if refused is not None and refused[0] == key and deferred[0] is cycle:
-            self._hold_timer = self.loop.call_at(refused[1], self._release, *deferred)
+        until = None
+        if deferred[0] is cycle:
+            until = self.resends.held_until(self._client_host(), key, self.loop.time())
+        if until is not None:
+            self._hold_timer = self.loop.call_at(until, self._release, *deferred)
         else:
             super()._start_asgi_task(*deferred)
 
+    def _client_host(self) -> str:
+        return self.client[0] if self.client else ""
+
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
-        refused = self._refused
-        if (
-            refused is not None
-            and cycle is self.cycle
-            and cycle.more_body
-            and self.loop.time() < refused[1]
-            and _holdable(cycle.scope)
-        ):
-            # Possibly the refused request again, too early: compare once it is all in.
+        if self.resends and cycle is self.cycle and cycle.more_body and _holdable(cycle.scope):
+            # Possibly a refused request again, too early: compare once it is all in.
             self._deferred = (cycle, app)
             return
-        self._refused = None
         super()._start_asgi_task(cycle, app)
 
     def _release(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
@@ -472,7 +469,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         if cycle is not None and last is not None and last[0] is cycle:
             hold = cycle.scope.get(HOLD_KEY)
             if isinstance(hold, float | int) and hold > 0:
-                self._refused = (last[1], self.loop.time() + hold)
+                now = self.loop.time()
+                self.resends.refused(self._client_host(), last[1], now + hold, now)
         if cycle is not None and cycle.more_body and not self.transport.is_closing():
             # Answered before the body was all in (413, or any early error): the rest of the
             # body is not worth parsing, and the connection is not worth keeping.
@@ -564,4 +562,8 @@ def _holdable(scope: Any) -> bool:
 
 def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
     """A protocol class for ``uvicorn.Config(http=...)`` that enforces ``limits``."""
-    return type("BoundedHttpProtocol", (BoundedHttpProtocol,), {"limits": limits, "reserve": {}})
+    return type(
+        "BoundedHttpProtocol",
+        (BoundedHttpProtocol,),
+        {"limits": limits, "reserve": {}, "resends": Resends()},
+    )
