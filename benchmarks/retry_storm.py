@@ -22,12 +22,15 @@ within its deadline), recovery within seconds.
     python benchmarks/retry_storm.py                                   # 60 s storms
     python benchmarks/retry_storm.py --seconds 5 --capacity-seconds 5 --after-seconds 5
     python benchmarks/retry_storm.py --deadlines 250 --storms new --seconds 15
+    # this checkout against another one (an export of an older commit), interleaved, 3 rounds:
+    python benchmarks/retry_storm.py --deadlines 250 --compare-dir ../base --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -57,10 +60,13 @@ def recovery(windows: list[dict[str, Any]]) -> tuple[float | None, float]:
 STORM_KINDS = {"same": "retry", "new": "reconnect"}
 
 
-def one_setting(label: str, flags: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+def one_setting(
+    label: str, flags: list[str], args: argparse.Namespace, root: Path = ROOT
+) -> list[dict[str, Any]]:
     log = ROOT / "load_test_results" / f"retry-storm-{label}-server.log"
     rows = []
-    with ServerProcess(flags + args.server_arg, cwd=ROOT, log_path=log) as server:
+    command = "{python} " + shlex.quote(str(root / "server.py"))
+    with ServerProcess(flags + args.server_arg, command=command, cwd=root, log_path=log) as server:
         run_soak(server.url, Mix(small=0, big=0, polite=32), duration=args.warmup_seconds)
         capacity = summary(
             run_soak(
@@ -145,16 +151,28 @@ def main(argv: list[str] | None = None) -> int:
         "connection for every resend) (same,new)",
     )
     parser.add_argument("--server-arg", action="append", default=[], metavar="ARG")
+    parser.add_argument(
+        "--compare-dir",
+        type=Path,
+        help="another checkout of the project whose server.py runs each setting too, "
+        "interleaved with this one's (rows say which)",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="repeat everything (1)")
     parser.add_argument("--out", type=Path, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
     rows = []
-    for deadline in [d.strip() for d in args.deadlines.split(",") if d.strip()]:
-        flags = [] if deadline == "default" else ["--timeout-ms", deadline]
-        label = "default deadline" if deadline == "default" else f"--timeout-ms {deadline}"
-        print(f"{label}:", flush=True)
-        for row in one_setting(deadline, flags, args):
-            row["setting"] = label
-            rows.append(row)
+    roots = [("this", ROOT)]
+    if args.compare_dir is not None:
+        roots.append((args.compare_dir.name, args.compare_dir.resolve()))
+    for _ in range(args.rounds):
+        for deadline in [d.strip() for d in args.deadlines.split(",") if d.strip()]:
+            flags = [] if deadline == "default" else ["--timeout-ms", deadline]
+            label = "default deadline" if deadline == "default" else f"--timeout-ms {deadline}"
+            for name, root in roots:
+                print(f"{label} ({name}):", flush=True)
+                for row in one_setting(deadline, flags, args, root):
+                    row["setting"] = label if len(roots) == 1 else f"{label} ({name})"
+                    rows.append(row)
     print(
         "| setting | storm | capacity 200s/s | storm 200s/s | ratio | worst window 200s/s "
         "| 503s/s | 504s | recovery s | polite refused after |"

@@ -80,6 +80,10 @@ class Throughput:
     def __init__(self, prior: float = 100.0) -> None:
         self.computed = prior
         self.served: float | None = None
+        #: Wall seconds of one batch, from its start on the loop to its end, smoothed over
+        #: every batch whatever its size: the least a request that must wait for a running
+        #: batch, then run in its own, waits. 0 until a batch has run.
+        self.batch_s = 0.0
 
     @property
     def per_instance(self) -> float:
@@ -100,6 +104,15 @@ class Throughput:
             return
         rate = items / compute_s
         self.computed += LEARNING_RATE * (rate - self.computed)
+
+    def observe_batch(self, wall_s: float) -> None:
+        """A batch (of any size) took ``wall_s`` seconds from its start to its end."""
+        if wall_s <= 0:
+            return
+        if self.batch_s == 0.0:
+            self.batch_s = wall_s
+        else:
+            self.batch_s += LEARNING_RATE * (wall_s - self.batch_s)
 
     def observe_served(self, items: int, wall_s: float) -> None:
         """A batch of ``items`` completed ``wall_s`` seconds after the instance's previous
@@ -199,6 +212,11 @@ class Admission:
         # A request that joins the next batch needs no margin: its wait is one batch.
         ahead = queued + running
         expected = (ahead + count) / capacity
+        if running:
+            # Whatever the rate, it waits for the running batch, then runs in its own: when
+            # the cores are short (the loop busy refusing a storm), batches slow down before
+            # the busy-batch rates can tell, and this is what a 504 would show instead.
+            expected = max(expected, 2 * self.throughput.batch_s)
         next_batch = queued + count <= config.max_batch_size * max(1, instances)
         margin = 1.0 if next_batch else ADMISSION_MARGIN
         if ahead > 0 and expected * margin > time_left:

@@ -428,6 +428,7 @@ class Batcher:
                 self.running_items -= running
             self.events.batch_done(items, tokens, reason, queue_wait, compute_s)
             ended = loop.time()
+            self.throughput.observe_batch(ended - started)
             if learn and backlogged_since is not None:
                 self.throughput.observe_served(items, ended - backlogged_since)
             previous_end = ended
