@@ -181,10 +181,13 @@ class Admission:
         instances: int,
         time_left: float,
         now: float | None = None,
+        busy_since: float | None = None,
     ) -> None:
         """Admit ``count`` items with ``queued`` items waiting and ``running`` in batches on
         ``instances`` ready instances, ``time_left`` seconds before the request's deadline;
-        ``now`` (the loop's time) places a refusal in the :class:`ReturnLine`.
+        ``now`` (the loop's time) places a refusal in the :class:`ReturnLine`;
+        ``busy_since``, when every instance is running a batch, is when the oldest of those
+        batches started.
 
         :raises Overloaded: the breaker is open, or the request cannot be served in time.
         """
@@ -212,11 +215,12 @@ class Admission:
         # A request that joins the next batch needs no margin: its wait is one batch.
         ahead = queued + running
         expected = (ahead + count) / capacity
-        if running:
-            # Whatever the rate, it waits for the running batch, then runs in its own: when
-            # the cores are short (the loop busy refusing a storm), batches slow down before
-            # the busy-batch rates can tell, and this is what a 504 would show instead.
-            expected = max(expected, 2 * self.throughput.batch_s)
+        if busy_since is not None and now is not None:
+            # Whatever the rate, it waits for a running batch to end, then runs in its own:
+            # when the cores are short (the loop busy refusing a storm), batches slow down
+            # before the busy-batch rates can tell, and this is what a 504 would show instead.
+            batch_s = self.throughput.batch_s
+            expected = max(expected, max(0.0, busy_since + batch_s - now) + batch_s)
         next_batch = queued + count <= config.max_batch_size * max(1, instances)
         margin = 1.0 if next_batch else ADMISSION_MARGIN
         if ahead > 0 and expected * margin > time_left:
