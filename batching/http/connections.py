@@ -22,10 +22,11 @@ subclass of uvicorn's httptools protocol that adds, per connection:
 
 It also holds **early resends**. A refusal (503) leaves in the request's scope how long the
 queue needs before it could take that request (:func:`hold_resends`). When the same request
-(method, path, query and body alike) comes back on the same connection before then, it is read
-but not started until then: a client that resends at once, ignoring Retry-After, waits as if
-it had honoured a short one, instead of costing the server a refusal every millisecond. A
-first request, another request, or one on another connection is never held, so a refusal
+(method, path, query and body alike) comes back from the same client address before then, on
+that connection or a new one (:mod:`batching.http.resends`), it is read but not started until
+then: a client that resends at once, ignoring Retry-After, waits as if it had honoured a short
+one, instead of costing the server a refusal (and a new connection) every millisecond. A first
+request, another request, or the same one from another address is never held, so a refusal
 itself stays immediate.
 
 It also bounds **what a request may be** before any handler runs:
