@@ -216,11 +216,12 @@ class Admission:
         ahead = queued + running
         expected = (ahead + count) / capacity
         if busy_since is not None and now is not None:
-            # Whatever the rate, it waits for a running batch to end, then runs in its own:
-            # when the cores are short (the loop busy refusing a storm), batches slow down
-            # before the busy-batch rates can tell, and this is what a 504 would show instead.
+            # Whatever the rate, it waits for a running batch to end, then for its own to form
+            # and run: when the cores are short (the loop busy refusing a storm), batches
+            # slow down before the busy-batch rates can tell, and a 504 would show it.
             batch_s = self.throughput.batch_s
-            expected = max(expected, max(0.0, busy_since + batch_s - now) + batch_s)
+            left = max(0.0, busy_since + batch_s - now)
+            expected = max(expected, left + config.max_queue_delay + batch_s)
         next_batch = queued + count <= config.max_batch_size * max(1, instances)
         margin = 1.0 if next_batch else ADMISSION_MARGIN
         if ahead > 0 and expected * margin > time_left:
