@@ -81,9 +81,10 @@ class Throughput:
         self.computed = prior
         self.served: float | None = None
         #: Wall seconds of one batch, from its start on the loop to its end, smoothed over
-        #: every batch whatever its size: the least a request that must wait for a running
-        #: batch, then run in its own, waits. 0 until a batch has run.
-        self.batch_s = 0.0
+        #: every batch whatever its size, and their smoothed deviation from it. 0 until a
+        #: batch has run.
+        self.batch_mean = 0.0
+        self.batch_deviation = 0.0
 
     @property
     def per_instance(self) -> float:
@@ -105,14 +106,24 @@ class Throughput:
         rate = items / compute_s
         self.computed += LEARNING_RATE * (rate - self.computed)
 
+    @property
+    def batch_s(self) -> float:
+        """How long a batch may take: the smoothed wall time plus twice its smoothed
+        deviation (as TCP bounds a round trip), since a request must fit the slow batches
+        as well as the average one."""
+        return self.batch_mean + 2 * self.batch_deviation
+
     def observe_batch(self, wall_s: float) -> None:
         """A batch (of any size) took ``wall_s`` seconds from its start to its end."""
         if wall_s <= 0:
             return
-        if self.batch_s == 0.0:
-            self.batch_s = wall_s
-        else:
-            self.batch_s += LEARNING_RATE * (wall_s - self.batch_s)
+        if self.batch_mean == 0.0:
+            self.batch_mean = wall_s
+            self.batch_deviation = wall_s / 2
+            return
+        error = wall_s - self.batch_mean
+        self.batch_mean += LEARNING_RATE * error
+        self.batch_deviation += LEARNING_RATE * (abs(error) - self.batch_deviation)
 
     def observe_served(self, items: int, wall_s: float) -> None:
         """A batch of ``items`` completed ``wall_s`` seconds after the instance's previous
