@@ -102,7 +102,8 @@ def one_setting(
             refused_share = after_summary.get("refused", 0) / max(
                 1, after_summary.get("requests", 1)
             )
-            windows = [w["goodput_per_s"] for w in storm.windows]
+            # The sampler's first window closes at the start: no requests in it yet.
+            windows = [w["goodput_per_s"] for w in storm.windows if w["end"] >= args.window / 2]
             rows.append(
                 {
                     "setting": label,

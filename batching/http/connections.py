@@ -277,8 +277,11 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         return False
 
     def _evict(self) -> None:
+        # It has sent nothing to read: answer and close, without a linger to hold its socket.
         self.reserve.pop(self, None)
-        self._refuse(TOO_MANY_CONNECTIONS)
+        self._discarding = True
+        self.transport.write(TOO_MANY_CONNECTIONS)
+        self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         timers = (
@@ -357,7 +360,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         if self._discarding or self.transport.is_closing():
             return
         self.transport.write(answer)
-        self._linger(self.limits.linger)
+        # A connection beyond the cap lingers no longer than one refused at the cap.
+        self._linger(min(1.0, self.limits.linger) if self._probe_only else self.limits.linger)
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn's answer to a parser error; a callback that refused the request (raising
