@@ -227,12 +227,14 @@ class Admission:
         ahead = queued + running
         expected = (ahead + count) / capacity
         if busy_since is not None and now is not None:
-            # Whatever the rate, it waits for a running batch to end, then for its own to form
-            # and run: when the cores are short (the loop busy refusing a storm), batches
-            # slow down before the busy-batch rates can tell, and a 504 would show it.
+            # Whatever the rate, it waits for a running batch to end, then for the batches up
+            # to its own to form and run: when the cores are short (the loop busy refusing a
+            # storm), batches slow down before the busy-batch rates can tell, and a 504 would.
             batch_s = self.throughput.batch_s
             left = max(0.0, busy_since + batch_s - now)
-            expected = max(expected, left + config.max_queue_delay + batch_s)
+            # The batches queued ahead of it too, its own among them.
+            batches = math.ceil((queued + count) / (config.max_batch_size * max(1, instances)))
+            expected = max(expected, left + batches * (config.max_queue_delay + batch_s))
         next_batch = queued + count <= config.max_batch_size * max(1, instances)
         margin = 1.0 if next_batch else ADMISSION_MARGIN
         if ahead > 0 and expected * margin > time_left:
