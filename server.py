@@ -9,6 +9,7 @@ embedded in someone else's server must leave alone.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
@@ -38,6 +39,7 @@ from batching.runtime.collector import settle_loaded_objects  # noqa: E402
 from batching.runtime.deployment import Deployment  # noqa: E402
 from batching.runtime.warmup import InstanceInfo  # noqa: E402
 from batching.settings.cli import ServerSettings, parse_settings  # noqa: E402
+from batching.tls import CertificateFiles, TlsError  # noqa: E402
 
 logger = logging.getLogger("batching")
 
@@ -57,8 +59,9 @@ def build(
     on_load_failure: OnLoadFailure | None = None,
     on_grpc_failure: Callable[[str], None] | None = None,
     on_all_ready: Callable[[], None] | None = None,
+    tls: CertificateFiles | None = None,
 ) -> Starlette:
-    """The app for ``settings``."""
+    """The app for ``settings`` (``tls``: the certificates of ``settings.tls``, read)."""
     # torch reads these when it is first imported (by an instance, later); process
     # instances inherit them. Each instance's thread team then fits its share of the cores.
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -68,7 +71,9 @@ def build(
     if settings.malloc == "auto":
         # Before any model loads; process instances inherit it through the environment.
         tune_malloc()
-    _raise_file_limit(settings.connections.max_connections)
+    # HTTP and gRPC each cap their own connections at --max-connections.
+    ports = 2 if settings.grpc_port else 1
+    _raise_file_limit(settings.connections.max_connections * ports)
     return create_app(
         settings.models,
         max_body_bytes=settings.max_body_bytes,
@@ -80,7 +85,71 @@ def build(
         grpc_port_explicit=settings.grpc_port_explicit,
         on_grpc_failure=on_grpc_failure,
         on_all_ready=on_all_ready,
+        tls=tls,
+        api_keys=settings.api_keys,
+        cors_allow_origins=settings.cors_allow_origins,
+        metrics_port=settings.metrics_port,
+        connection_limits=settings.connections,
     )
+
+
+def read_certificates(settings: ServerSettings) -> CertificateFiles | None:
+    """The certificates ``--ssl-*`` name, read and checked; None without TLS.
+
+    :raises SystemExit: they cannot be used (checked at parse time too; this read may find
+        files changed since), with one line that says why.
+    """
+    if settings.tls is None:
+        return None
+    try:
+        return CertificateFiles(settings.tls)
+    except TlsError as exc:
+        print(f"server.py: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _log_tls(settings: ServerSettings, tls: CertificateFiles | None) -> None:
+    if tls is None:
+        return
+    logger.info(
+        "TLS on HTTP%s: certificate sha256 %s; %s (and on SIGHUP)",
+        " and gRPC" if settings.grpc_port else "",
+        tls.current.fingerprint[:16],
+        tls.config.describe(),
+    )
+    if tls.config.client_cert == "optional" and settings.grpc_port:
+        logger.warning(
+            "--ssl-client-cert optional: gRPC cannot ask for a client certificate without "
+            "requiring one, so gRPC takes every TLS client and verifies no certificate; "
+            "HTTP asks for one and verifies it when sent"
+        )
+
+
+def _listeners(config: uvicorn.Config, settings: ServerSettings) -> list[socket.socket] | None:
+    """The sockets uvicorn serves: None (uvicorn binds ``--host:--port`` itself), or with
+    ``--metrics-port`` the main socket and the metrics one, both on ``--host``; the app tells
+    them apart by their local port (batching/http/listeners.py)."""
+    if settings.metrics_port is None:
+        return None
+    host, port = settings.host, settings.metrics_port
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    metrics = socket.socket(family, socket.SOCK_STREAM)
+    metrics.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        metrics.bind((host, port))
+    except OSError as exc:
+        metrics.close()
+        shown = f"[{host}]" if ":" in host else host
+        print(
+            f"server.py: error: cannot serve metrics on {shown}:{port}: "
+            f"{exc.strerror or exc} (--metrics-port picks another port)",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+    metrics.set_inheritable(True)
+    # The main socket second: uvicorn's bind says "running on" it, which must not be said of
+    # a server that then fails to start.
+    return [config.bind_socket(), metrics]
 
 
 def _raise_file_limit(connections: int) -> None:
@@ -102,12 +171,22 @@ class _Server(uvicorn.Server):
     gRPC calls, while the accepted work finishes; only then does uvicorn stop accepting
     connections and shut down, all within the same shutdown timeout."""
 
-    def __init__(self, config: uvicorn.Config, app: Starlette, grace: float) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        app: Starlette,
+        grace: float,
+        tls: CertificateFiles | None = None,
+    ) -> None:
         super().__init__(config)
         self.batching_app = app
         self.grace = grace
+        #: Read again at once on SIGHUP (besides the periodic look).
+        self.tls = tls
         #: Said once the models are ready and uvicorn listens, whichever comes last.
         self.ready_line: Callable[[], str] | None = None
+        #: The metrics listener's port (``--metrics-port``), not the one :attr:`url` names.
+        self.metrics_port: int | None = None
         self._models_ready = False
 
     def models_ready(self) -> None:
@@ -121,6 +200,9 @@ class _Server(uvicorn.Server):
             logger.info("%s", self.ready_line())
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.tls is not None:
+            # SIGHUP: look at the certificate files now (e.g. right after a renewal).
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.tls.check)
         await super().startup(sockets)
         if self.started and self._models_ready:
             self._announce()
@@ -142,10 +224,13 @@ class _Server(uvicorn.Server):
         port = config.port
         for server in getattr(self, "servers", []):
             for sock in server.sockets or []:
-                port = int(sock.getsockname()[1])
-                break
+                bound = int(sock.getsockname()[1])
+                if bound != self.metrics_port:
+                    port = bound
+                    break
         host = f"[{config.host}]" if ":" in config.host else config.host
-        return f"http://{host}:{port}"
+        scheme = "https" if config.is_ssl else "http"
+        return f"{scheme}://{host}:{port}"
 
 
 def _ready_line(settings: ServerSettings, server: _Server, app: Starlette) -> str:
@@ -155,6 +240,11 @@ def _ready_line(settings: ServerSettings, server: _Server, app: Starlette) -> st
     grpc_server = app.state.grpc
     if grpc_server is not None and grpc_server.serving:
         doors.append(f"gRPC at {grpc_server.address}")
+    if settings.metrics_port is not None:
+        host = f"[{settings.host}]" if ":" in settings.host else settings.host
+        doors.append(f"metrics at http://{host}:{settings.metrics_port}/metrics")
+    if settings.api_keys is not None:
+        doors.append(f"{settings.api_keys.count} API keys")
     return f"ready: serving {names} at {url} ({', '.join(doors)})"
 
 
@@ -222,7 +312,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if server is not None:
             server.models_ready()
 
-    app = build(settings, stop_on_load_failure, stop_on_grpc_failure, announce_ready)
+    tls = read_certificates(settings)
+    _log_tls(settings, tls)
+    app = build(settings, stop_on_load_failure, stop_on_grpc_failure, announce_ready, tls)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -233,10 +325,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         # uvicorn's own protocol plus header and body timeouts, a connection cap and a
         # lingering close (batching/http/connections.py); its keep-alive timeout too.
         http=protocol_class(settings.connections),
+        # TLS: the certificates' context, whose handshakes follow renewed files.
+        ssl_context_factory=None
+        if tls is None
+        else lambda config, default: tls.listening_context(),
     )
-    server = _Server(config, app, settings.shutdown_timeout)
+    server = _Server(config, app, settings.shutdown_timeout, tls)
     server.ready_line = lambda: _ready_line(settings, server, app)
-    server.run()
+    server.metrics_port = settings.metrics_port
+    server.run(sockets=_listeners(config, settings))
     if failures:
         print(f"server.py: error: {failures[0]}", file=sys.stderr)
         sys.exit(1)
@@ -260,8 +357,21 @@ def __getattr__(name: str) -> Starlette:
     if name != "app":
         raise AttributeError(name)
     settings = parse_settings([], os.environ)
+    if settings.metrics_port is not None:
+        # uvicorn binds the one listener it is told of; the second is server.py's to bind.
+        raise SystemExit(
+            "server.py: error: BATCHING_METRICS_PORT needs python server.py; under uvicorn "
+            "server:app, /metrics is served on uvicorn's port"
+        )
     configure_logging(settings.log_level, settings.log_format)
-    return build(settings, _stop_this_process, _stop_this_process_for_grpc)
+    tls = read_certificates(settings)
+    if tls is not None:
+        # uvicorn's own listener: its --ssl-* flags decide HTTP's TLS here.
+        logger.warning(
+            "under uvicorn server:app, BATCHING_SSL_* apply to gRPC only; HTTP serves TLS "
+            "with uvicorn's own --ssl-certfile and --ssl-keyfile (read once)"
+        )
+    return build(settings, _stop_this_process, _stop_this_process_for_grpc, tls=tls)
 
 
 if __name__ == "__main__":

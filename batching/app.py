@@ -11,19 +11,28 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from batching.config import ModelConfig
-from batching.grpc import GrpcServer
+from batching.grpc import GrpcLimits, GrpcServer
+from batching.grpc.auth import ApiKeyInterceptor
+from batching.http.auth import OPEN_PATHS, ApiKeyMiddleware
+from batching.http.connections import ConnectionLimits
 from batching.http.errors import EXCEPTION_HANDLERS
+from batching.http.listeners import METRICS_PATH, ListenerRoutes
 from batching.http.middleware import RequestIdMiddleware
+from batching.http.multivector import multivector_routes
 from batching.http.openai import openai_routes
 from batching.http.plain import plain_routes
 from batching.http.redirects import RelativeRedirectMiddleware
 from batching.http.rerank import rerank_routes
+from batching.http.sparse import sparse_routes
+from batching.http.tokens import token_routes
 from batching.http.v2 import v2_routes
+from batching.keys import ApiKeys
 from batching.metrics import Metrics
 from batching.models.default import DEFAULT_MODEL_NAME
 from batching.models.protocol import Model
@@ -31,10 +40,29 @@ from batching.runtime.base import InstanceFactory
 from batching.runtime.deployment import Deployment
 from batching.runtime.warmup import InstanceInfo
 from batching.service import DataPlane, Deployments
+from batching.tls import CertificateFiles
 
 __all__ = ["ModelBuilder", "create_app", "default_model_builder"]
 
 logger = logging.getLogger("batching")
+
+#: Request headers a browser may send cross-origin: the key, the body's type, and the headers
+#: the doors read (request id, timeout, the v2 binary header length).
+CORS_ALLOW_HEADERS = [
+    "authorization",
+    "api-key",
+    "content-type",
+    "x-request-id",
+    "x-request-timeout-ms",
+    "inference-header-content-length",
+]
+#: Response headers a browser's script may read.
+CORS_EXPOSE_HEADERS = [
+    "x-request-id",
+    "retry-after",
+    "www-authenticate",
+    "inference-header-content-length",
+]
 
 #: Builds an unloaded model object for a model's configuration.
 ModelBuilder = Callable[[ModelConfig], Model]
@@ -48,8 +76,8 @@ OnLoadFailure = Callable[[Deployment, int, str], None]
 
 def default_model_builder(config: ModelConfig) -> Model:
     """Build a model from the configuration's parsed source (see :class:`ModelSource`), told
-    the configuration's engine and precision."""
-    return config.model_source.build(config.engine_options)
+    the configuration's engine and precision, and its default prompt override."""
+    return config.model_source.build(config.engine_options, config.prompt_options)
 
 
 class _ConfigFactory:
@@ -78,6 +106,11 @@ def create_app(
     grpc_port_explicit: bool = True,
     on_grpc_failure: Callable[[str], None] | None = None,
     on_all_ready: Callable[[], None] | None = None,
+    tls: CertificateFiles | None = None,
+    api_keys: ApiKeys | None = None,
+    cors_allow_origins: Sequence[str] = (),
+    metrics_port: int | None = None,
+    connection_limits: ConnectionLimits | None = None,
 ) -> Starlette:
     """A Starlette app serving ``models`` with dynamic batching.
 
@@ -100,6 +133,20 @@ def create_app(
         fails); if it is a default, the app logs one line and serves HTTP only.
     :param on_all_ready: called once, on the event loop, the first time every model is
         loaded and warm; by default the app logs ``ready: serving ...`` then.
+    :param tls: the server's certificates: gRPC serves TLS with them, and the lifespan looks
+        at their files every few seconds (:mod:`batching.tls`), so that new connections on
+        both doors get a renewed certificate. The HTTP listener is the host's (``server.py``
+        gives uvicorn ``tls.listening_context()``).
+    :param api_keys: when given, every route and RPC but the health probes and ``/metrics``
+        needs one of these keys: :mod:`batching.http.auth`, :mod:`batching.grpc.auth`.
+    :param cors_allow_origins: origins browsers may call from (CORS); none by default.
+    :param metrics_port: the local port of a second listener the host binds for this app:
+        ``/metrics`` and the probes are served there and ``/metrics`` no longer on the main
+        port (:mod:`batching.http.listeners`).
+    :param connection_limits: the HTTP connections' timeouts and cap (enforced by the host's
+        protocol, :func:`batching.http.connections.protocol_class`), which the gRPC door
+        applies to its own connections and calls, with ``max_body_bytes`` as its message
+        limit (:class:`~batching.grpc.GrpcLimits`); the defaults when None.
 
     The models load in the background once the lifespan starts: ``/v2/health/live`` answers
     at once, ``/v2/health/ready`` only when every model is loaded and warm. Creating or
@@ -156,8 +203,27 @@ def create_app(
     plane = DataPlane(deployments, metrics)
     grpc_server = None
     if grpc_port:
+        interceptors = []
+        if api_keys is not None:
+            unauthorized = metrics.unauthorized.labels("grpc")
+            interceptors.append(ApiKeyInterceptor(api_keys, on_refused=unauthorized.inc))
+        limits = connection_limits if connection_limits is not None else ConnectionLimits()
+        grpc_limits = GrpcLimits(
+            max_message_bytes=max_body_bytes,
+            max_connections=limits.max_connections,
+            handshake_timeout=limits.header_timeout,
+            message_timeout=limits.body_timeout,
+            idle_timeout=limits.keep_alive_timeout,
+        )
         grpc_server = GrpcServer(
-            plane, grpc_host, grpc_port, explicit=grpc_port_explicit, on_failure=on_grpc_failure
+            plane,
+            grpc_host,
+            grpc_port,
+            limits=grpc_limits,
+            explicit=grpc_port_explicit,
+            on_failure=on_grpc_failure,
+            tls=tls,
+            interceptors=interceptors,
         )
 
     stop_by: float | None = None
@@ -177,6 +243,8 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         for deployment in deployments:
             deployment.start()
+        if tls is not None:
+            tls.start()
         try:
             if grpc_server is not None:
                 await grpc_server.start()
@@ -189,6 +257,8 @@ def create_app(
                 *([grpc_server.stop(grace)] if grpc_server is not None else []),
                 *(deployment.stop(grace) for deployment in deployments),
             )
+            if tls is not None:
+                await tls.stop()
 
     async def live(request: Request) -> Response:
         return Response(orjson.dumps({"live": True}), media_type="application/json")
@@ -214,10 +284,35 @@ def create_app(
         *v2_routes(plane, max_body_bytes),
         *openai_routes(plane, max_body_bytes),
         *rerank_routes(plane, max_body_bytes),
+        *token_routes(plane, max_body_bytes),
+        *multivector_routes(plane, max_body_bytes),
+        *sparse_routes(plane, max_body_bytes),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
+    if api_keys is not None:
+        # /metrics is open wherever it is served: on the main port, or (with a metrics port)
+        # only on the metrics listener, whose other routes are the probes.
+        unauthorized = metrics.unauthorized.labels("http")
+        app.add_middleware(
+            ApiKeyMiddleware,
+            keys=api_keys,
+            open_paths=OPEN_PATHS | {METRICS_PATH},
+            on_refused=unauthorized.inc,
+        )
+    if metrics_port:
+        app.add_middleware(ListenerRoutes, metrics_port=metrics_port)
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(RelativeRedirectMiddleware)
+    if cors_allow_origins:
+        # Outermost: a preflight (which never carries a key) is answered here, and a 401
+        # still carries the CORS headers, so a browser can read why it was refused.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_allow_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=CORS_ALLOW_HEADERS,
+            expose_headers=CORS_EXPOSE_HEADERS,
+        )
     app.state.grpc = grpc_server
     app.state.drain = drain
     return app

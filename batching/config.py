@@ -12,6 +12,7 @@ from batching.models.engines.options import (
     EngineOptions,
     check_engine_settings,
 )
+from batching.models.prompts import PromptOptions
 from batching.models.source import ModelSource
 
 __all__ = [
@@ -59,6 +60,14 @@ class ModelConfig:
     #: Where exported engines and start-up measurements are kept; None: the default folder
     #: (``$BATCHING_ENGINE_CACHE``, ``$XDG_CACHE_HOME/batching/engines``, ``~/.cache/...``).
     engine_cache: str | None = None
+    #: Embedding models: cut texts longer than the model's maximum length (True), or refuse
+    #: them with a 413 unless a request sends ``truncate: true`` (False, ``--no-truncate``).
+    truncate: bool = True
+    #: The default prompt of a sentence embedder, by name (one of its folder's ``prompts``),
+    #: overriding the folder's ``default_prompt_name``; exclusive with ``default_prompt``.
+    default_prompt_name: str | None = None
+    #: A literal default prompt ("" for none), overriding the folder's.
+    default_prompt: str | None = None
     #: ``source`` and ``task`` parsed (at construction, once); pass one already parsed to
     #: skip the parse.
     spec: ModelSource | None = field(default=None, compare=False, repr=False)
@@ -85,6 +94,13 @@ class ModelConfig:
             batch_sizes=tuple(sorted({1, self.batching.max_batch_size})),
             model_name=self.name,
         )
+
+    @property
+    def prompt_options(self) -> PromptOptions | None:
+        """The default prompt override handed to the model, None when neither is set."""
+        if self.default_prompt_name is None and self.default_prompt is None:
+            return None
+        return PromptOptions(name=self.default_prompt_name, text=self.default_prompt)
 
     def _validate(self) -> None:
         if not self.name or "/" in self.name:
@@ -119,3 +135,5 @@ class ModelConfig:
             custom=spec.kind == "class",
             devices=self.devices,
         )
+        # Raises PromptConfigError (a ValueError): one line naming the known prompts.
+        spec.check_prompts(self.prompt_options)

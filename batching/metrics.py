@@ -101,6 +101,12 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+        self.truncated = Counter(
+            "batching_truncated_inputs",
+            "Texts cut at the model's maximum length (embedding requests that allow it).",
+            ["model"],
+            registry=r,
+        )
         self.dropped = Counter(
             "batching_dropped_items",
             "Queued items never computed: caller gone or too late.",
@@ -151,6 +157,16 @@ class Metrics:
             ["model"],
             registry=r,
         )
+
+        self.unauthorized = Counter(
+            "batching_unauthorized",
+            "Requests and gRPC calls refused for want of a valid API key (401, UNAUTHENTICATED), "
+            "by door (http, grpc); no label comes from the request.",
+            ["door"],
+            registry=r,
+        )
+        for door in ("http", "grpc"):
+            self.unauthorized.labels(door)
 
         self.engine_info = Gauge(
             "batching_model_engine_info",

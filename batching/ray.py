@@ -124,6 +124,10 @@ def _app_builder(argv: list[str]) -> Any:
             on_ready=loading.on_ready,
             on_load_failure=loading.on_load_failure,
             grpc_port=None,
+            # Each replica asks for the keys itself (the file is re-read on change, per
+            # replica); CORS as on server.py.
+            api_keys=settings.api_keys,
+            cors_allow_origins=settings.cors_allow_origins,
         )
         app.state.batching_loading = loading
         return app
@@ -135,6 +139,11 @@ def build_app(args: dict[str, str]) -> Application:
     """Ray Serve's application builder: ``serve run batching.ray:build_app key=value ...``."""
     argv = server_argv(args)
     settings = _settings(argv)  # a bad flag fails here, on the driver, not in every replica
+    if settings.metrics_port is not None:
+        raise ValueError(
+            "metrics_port does not apply under Ray Serve: Ray's proxy owns the listener "
+            "(scrape Ray's metrics, or each replica's /metrics through it)"
+        )
     largest = max(model.batching.max_batch_size for model in settings.models)
     queue = max(model.batching.max_queue_size for model in settings.models)
     ready_timeout = float(args.get("ready_timeout_s", "600"))

@@ -11,6 +11,7 @@ answered to :meth:`DataPlane.record`).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,51 @@ from batching.errors import (
 from batching.metrics import Metrics
 from batching.runtime.deployment import Deployment
 
-__all__ = ["DataPlane", "Deadline", "Deployments", "TokenCounts", "check_mask_token"]
+__all__ = [
+    "DataPlane",
+    "Deadline",
+    "Deployments",
+    "TokenCounts",
+    "check_mask_token",
+    "untokenizable",
+]
+
+logger = logging.getLogger("batching")
+
+#: Inputs with more characters than this in all are tokenized on a worker thread: one long
+#: text takes the tokenizer as long as many short ones.
+TOKENIZE_ON_LOOP_CHARS = 16384
+
+
+def _cheap_to_tokenize(inputs: list[Any]) -> bool:
+    """Whether ``inputs`` are few and short enough to tokenize on the event loop."""
+    if len(inputs) > 16:
+        return False
+    size = 0
+    for item in inputs:
+        if isinstance(item, str):
+            size += len(item)
+        elif isinstance(item, dict):
+            size += sum(len(value) for value in item.values() if isinstance(value, str))
+        else:
+            return False
+    return size <= TOKENIZE_ON_LOOP_CHARS
+
+
+def untokenizable(exc: Exception, request_id: str) -> UnprocessableInput:
+    """The 422 of inputs the model's tokenizer raised ``exc`` on. The tokenizer's own text may
+    hold paths, addresses or reprs of library objects: it goes to the log under the request
+    id, and the answer names only the exception's class."""
+    logger.warning(
+        "request %s: the model cannot tokenize its input: %s: %s",
+        request_id or "-",
+        type(exc).__name__,
+        exc,
+    )
+    return UnprocessableInput(
+        f"the model cannot tokenize this input ({type(exc).__name__}; request id "
+        f"{request_id or '-'})"
+    )
 
 
 class Deadline(float):
@@ -153,7 +198,12 @@ class DataPlane:
         self.metrics.rejected.labels(model, reason).inc()
 
     async def count_tokens(
-        self, deployment: Deployment, inputs: list[Any], *, limit: int | None = None
+        self,
+        deployment: Deployment,
+        inputs: list[Any],
+        *,
+        limit: int | None = None,
+        request_id: str = "",
     ) -> TokenCounts:
         """Count the tokens of ``inputs`` with the model's own tokenizer, whether or not it is
         batched by tokens: for usage reports, and with ``limit`` for request limits (each
@@ -176,12 +226,13 @@ class DataPlane:
             return TokenCounts(used, [length(item, limit) for item in inputs])
 
         try:
-            if len(inputs) <= 16:
+            if _cheap_to_tokenize(inputs):
                 return counted()
             # Tokenizing a large request would hold up every other request on the loop.
             return await asyncio.to_thread(counted)
         except Exception as exc:
-            raise UnprocessableInput(f"the model cannot tokenize this input: {exc}") from None
+            failure = untokenizable(exc, request_id)
+        raise failure
 
     async def infer(
         self,
@@ -192,6 +243,7 @@ class DataPlane:
         request_id: str = "",
         disconnected: Callable[[], Awaitable[None]] | None = None,
         tokens: list[int] | None = None,
+        token_cap: int | None = None,
     ) -> list[Any] | None:
         """Queue ``inputs`` and wait for their outputs, in order; None when the client went
         away first (``disconnected`` returned), in which case its items are dropped before
@@ -199,6 +251,9 @@ class DataPlane:
 
         :param tokens: the inputs' ``count_tokens``, when the door has already counted them
             (:meth:`count_tokens`); counted here when the model is batched by tokens otherwise.
+        :param token_cap: with ``tokens``, the padded tokens every batch these items run in
+            may carry, whether or not the model is batched by tokens (outputs that grow with
+            tokens, such as per-token vectors; see :meth:`Batcher.submit`).
         :raises UnprocessableInput: the model cannot take an input (a fill-mask text without
             its mask token) or cannot tokenise it.
         :raises DeadlineExceeded: not served before ``deadline``; the message says which
@@ -206,15 +261,24 @@ class DataPlane:
         :raises BatchingError: refused at admission (see :meth:`Batcher.submit`).
         """
         check_mask_token(deployment.metadata, inputs)
-        if deployment.count_tokens is None:
+        if token_cap is not None and tokens is not None and len(tokens) == len(inputs):
+            pass  # counted by the door, and needed for the cap whatever the model's batching
+        elif deployment.count_tokens is None:
             tokens = None
         elif tokens is None or len(tokens) != len(inputs):
+            failure: UnprocessableInput | None = None
             try:
-                tokens = await deployment.tokens_of(inputs)
+                tokens = await deployment.tokens_of(inputs, offload=not _cheap_to_tokenize(inputs))
             except Exception as exc:
-                raise UnprocessableInput(f"the model cannot tokenize this input: {exc}") from None
+                failure = untokenizable(exc, request_id)
+            if failure is not None:
+                raise failure
         future = deployment.batcher.submit(
-            inputs, deadline=deadline, tokens=tokens, request_id=request_id
+            inputs,
+            deadline=deadline,
+            tokens=tokens,
+            request_id=request_id,
+            token_cap=token_cap if tokens is not None else None,
         )
         watcher = asyncio.ensure_future(disconnected()) if disconnected is not None else None
         waited: set[asyncio.Future[Any]] = {future} if watcher is None else {future, watcher}

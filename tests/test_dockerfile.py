@@ -61,6 +61,8 @@ def test_it_starts_server_py_on_all_addresses_with_both_ports_exposed() -> None:
 def test_it_runs_as_the_non_root_user_the_deployment_expects() -> None:
     (user,) = the("USER")
     assert user != "0" and user != "root"
+    # Numeric: kubelet can enforce runAsNonRoot only on a user id it can read from the image.
+    assert user.isdigit()
     (deployment,) = of_kind("Deployment")
     context = deployment["spec"]["template"]["spec"]["securityContext"]
     assert context["runAsUser"] == int(user)

@@ -102,7 +102,24 @@ RULES: tuple[Rule, ...] = (
         "this suite itself: .ci/run runs this very command (the install, then every test)",
     ),
     Rule(r"python server\.py$", "quickstart"),  # docs/perf-analyzer.md: the same server
+    *(
+        Rule(
+            pattern,
+            "skip",
+            "README's TLS example (certificates, a TLS server, curl --cacert): "
+            "tests/test_tls.py runs the block itself",
+        )
+        for pattern in (r"openssl ", r"python server\.py --ssl-certfile ", r"curl --cacert ")
+    ),
     Rule(r"curl ", "client"),
+    # README, "API keys, CORS and the metrics port": a key file, and a server that asks for it.
+    Rule(r"printf 'sk-first\\nsk-second\\n' > keys && chmod 600 keys$", "setup"),
+    Rule(
+        r"python server\.py --api-key-file keys --metrics-port 9090$",
+        "flags",
+        "the generic server check sends no key; tests/test_auth_server.py serves with keys "
+        "and --metrics-port, and calls it with curl, tritonclient and the openai SDK",
+    ),
     Rule(r"[A-Z_]+=\S+$", "env"),
     Rule(r"bash scripts/install-perf-analyzer\.sh", "setup"),
     Rule(r"scripts/perf_analyzer --version", "client"),

@@ -119,4 +119,8 @@ async def test_a_model_with_the_wrong_output_count_fails_that_batch_with_500() -
         async with httpx.AsyncClient(base_url=url) as client:
             response = await client.post("/", json={"inputs": ["a", "b"]})
     assert response.status_code == 500
-    assert response.json() == {"error": "the model returned the wrong number of outputs"}
+    # A 500 names the request id, under which the log has the details.
+    request_id = response.headers["x-request-id"]
+    assert response.json() == {
+        "error": f"the model returned the wrong number of outputs (request id {request_id})"
+    }

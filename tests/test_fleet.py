@@ -7,15 +7,18 @@ tests fail with that instruction, they never skip.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support.fleet import Fleet
+from tests.support.fleet import RUN_SH, Fleet
 from tests.support.metrics import sample
+from tests.support.tls import make_pki
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -115,3 +118,51 @@ def test_sigterm_stops_haproxy_and_every_replica(tmp_path: Path) -> None:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert "run.sh: stopped" in (tmp_path / "run.out").read_text()
+
+
+def test_tls_pem_serves_https_on_the_front_port_to_curl(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path / "pki")
+    front = tmp_path / "front.pem"
+    front.write_bytes(pki.server.cert + pki.server.key)
+    with Fleet(1, FLAGS, tmp_path / "run", env=ENV, tls_pem=front) as fleet:
+        assert fleet.url.startswith("https://")
+        curl = ["curl", "-sS", "--max-time", "10", "--cacert", str(pki.ca)]
+        answered = subprocess.run(
+            [*curl, "--data-binary", "hello", f"{fleet.url}/"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert answered.returncode == 0, answered.stderr
+        assert json.loads(answered.stdout)["outputs"] == [{"input": "hello", "length": 5}]
+        # The certificate is HAProxy's: a client that does not trust its CA is refused, and
+        # plain HTTP on the port gets no answer from a replica.
+        untrusted = subprocess.run(
+            ["curl", "-sS", "--max-time", "10", f"{fleet.url}/v2/health/ready"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert untrusted.returncode == 60, untrusted.stderr  # peer certificate not verified
+        plain = subprocess.run(
+            ["curl", "-sS", "--max-time", "10", f"http://127.0.0.1:{fleet.port}/v2/health/ready"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert '"ready"' not in plain.stdout
+        assert fleet.stop() == 0, fleet.log()
+
+
+def test_replica_tls_flags_are_refused_with_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        ["bash", str(RUN_SH), "--replicas", "1", "--port", "8000", "--", "--ssl-certfile", "x"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "run.sh: --ssl-certfile: the replicas serve plain HTTP on 127.0.0.1 behind HAProxy; "
+        "give HAProxy the certificate with --tls-pem"
+    ]

@@ -10,10 +10,14 @@ What a request may carry follows OpenAI's API and limits:
   client setting that sends text, never embedded as if they were text;
 - ``encoding_format``: ``"float"`` (the default when absent) or ``"base64"`` (the
   little-endian float32 bytes of each vector, what the ``openai`` SDK asks for by default);
+  for models that quantize, ``int8``, ``uint8``, ``binary``, ``ubinary`` (integer lists) or
+  those followed by ``+base64`` (the integer bytes, base64-encoded);
 - ``dimensions``: fewer dimensions than the model's, for models whose vectors are unit
   vectors: the vector is truncated and re-normalised. Asking a model whose vectors are not
   normalised for anything but its own width is a 400;
-- ``user`` and any other key: ignored.
+- ``prompt_name``, ``input_type``, ``truncate``, ``truncation_direction``: the embedding
+  options every door takes (:mod:`.embed_options`), sent with the SDK's ``extra_body``;
+- ``user``: accepted, unused. Any other key is a 400 naming it, never ignored.
 
 Token limits, counted with the served model's own tokenizer (special tokens included): an
 input over :data:`MAX_INPUT_TOKENS` tokens is refused, as OpenAI does, and so is a request
@@ -24,15 +28,16 @@ always does; ``usage`` counts the tokens the model ran, after that truncation.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import orjson
 
-from batching.errors import InferenceFailed, InvalidRequest
+from batching.errors import InvalidRequest
+
+from .embed_options import WIRE_ENCODINGS, EmbedOptions, encode_vector, read_options
 
 __all__ = [
     "ENCODING_FORMATS",
@@ -42,16 +47,12 @@ __all__ = [
     "MAX_REQUEST_TOKENS",
     "EmbeddingsRequest",
     "OpenAIError",
-    "check_dimensions",
     "check_token_limits",
-    "embedding_vectors",
-    "embedding_width",
     "encode_embeddings",
     "encode_model",
     "encode_models",
     "error_document",
     "is_embedding_model",
-    "is_normalized",
     "json_object",
     "model_name",
     "parse_embeddings_request",
@@ -64,15 +65,16 @@ MAX_INPUT_TOKENS = 8192
 #: Most tokens in one request, all inputs together (OpenAI's limit).
 MAX_REQUEST_TOKENS = 300_000
 
-ENCODING_FORMATS = ("float", "base64")
+ENCODING_FORMATS = WIRE_ENCODINGS
+
+#: The body's own fields, beside the embedding options (:mod:`.embed_options`).
+OWN_FIELDS = ("model", "input", "user")
 
 #: What to do instead of sending token ids.
 LANGCHAIN_HINT = (
     "send the texts themselves instead; with LangChain's OpenAIEmbeddings, set "
     "check_embedding_ctx_length=False (it otherwise sends tiktoken token ids)"
 )
-
-EncodingFormat = Literal["float", "base64"]
 
 
 class OpenAIError(InvalidRequest):
@@ -90,8 +92,9 @@ class EmbeddingsRequest:
 
     model: str
     texts: list[str]
-    encoding_format: EncodingFormat = "float"
+    encoding_format: str = "float"
     dimensions: int | None = None
+    options: EmbedOptions = field(default_factory=EmbedOptions)
 
 
 def json_object(body: bytes) -> dict[str, Any]:
@@ -208,30 +211,18 @@ def parse_embeddings_request(body: bytes) -> EmbeddingsRequest:
     tokens need the model's tokenizer: :func:`check_token_limits`).
 
     :raises OpenAIError: naming the parameter at fault.
+    :raises OptionError: an unknown parameter, or an option of the wrong type, naming it.
     """
     document = json_object(body)
     model = model_name(document)
     texts = _texts(document.get("input"))
-    asked = document.get("encoding_format")
-    encoding: EncodingFormat
-    if asked is None or asked == "float":
-        encoding = "float"
-    elif asked == "base64":
-        encoding = "base64"
-    else:
-        raise OpenAIError(
-            f"encoding_format must be 'float' or 'base64', not {asked!r}",
-            param="encoding_format",
-            code="invalid_value",
-        )
-    dimensions = document.get("dimensions")
-    if dimensions is not None and (not _is_token_id(dimensions) or dimensions < 1):
-        raise OpenAIError(
-            f"dimensions must be a positive integer, not {dimensions!r}",
-            param="dimensions",
-            code="invalid_value",
-        )
-    return EmbeddingsRequest(model, texts, encoding, dimensions)
+    options = read_options(
+        document,
+        where="the request",
+        names={"encoding_format": "encoding"},
+        ignore=OWN_FIELDS,
+    )
+    return EmbeddingsRequest(model, texts, options.wire_encoding, options.dimensions, options)
 
 
 def check_token_limits(lengths: Sequence[int]) -> None:
@@ -284,94 +275,31 @@ def is_embedding_model(metadata: Mapping[str, Any]) -> bool:
     return len(shape) == 2 if shape[0] == -1 else len(shape) == 1
 
 
-def embedding_width(metadata: Mapping[str, Any]) -> int | None:
-    """The vector width the metadata declares, or None when it is not known."""
-    output = _first_output(metadata)
-    shape = output.get("shape") if output is not None else None
-    width = shape[-1] if isinstance(shape, list) and shape else None
-    return width if isinstance(width, int) and not isinstance(width, bool) and width > 0 else None
-
-
-def is_normalized(metadata: Mapping[str, Any]) -> bool:
-    """Whether the model says its vectors are unit vectors (``"normalized": true`` on its
-    first output)."""
-    output = _first_output(metadata)
-    return output is not None and output.get("normalized") is True
-
-
-def check_dimensions(
-    dimensions: int | None, width: int | None, normalized: bool, model: str
-) -> None:
-    """Refuse a ``dimensions`` that cannot be honoured: more than the model's width, or any
-    other width than its own when its vectors are not unit vectors (truncating those would
-    not give the shorter vectors of a model trained to have them).
-
-    :raises OpenAIError: naming ``dimensions``.
-    """
-    if dimensions is None or width is None or dimensions == width:
-        return
-    if dimensions > width:
-        raise OpenAIError(
-            f"dimensions is {dimensions}, but model {model!r} has {width}-dimensional embeddings",
-            param="dimensions",
-            code="invalid_value",
-        )
-    if not normalized:
-        raise OpenAIError(
-            f"model {model!r} does not normalise its embeddings, so they cannot be shortened "
-            f"to {dimensions} dimensions; leave dimensions out, or set it to {width}",
-            param="dimensions",
-            code="dimensions_not_supported",
-        )
-
-
-def embedding_vectors(
-    outputs: Iterable[Any], dimensions: int | None, normalized: bool, model: str
-) -> list[np.ndarray]:
-    """The model's outputs as float32 vectors, shortened to ``dimensions`` (and re-normalised)
-    when asked.
-
-    :raises InferenceFailed: an output is not one vector.
-    :raises OpenAIError: ``dimensions`` cannot be honoured (see :func:`check_dimensions`).
-    """
-    vectors = []
-    for index, output in enumerate(outputs):
-        vector = np.asarray(output, dtype=np.float32)
-        if vector.ndim != 1:
-            raise InferenceFailed(
-                f"model {model!r} returned an output of shape {list(vector.shape)} for "
-                f"input {index}, not one embedding vector"
-            )
-        if dimensions is not None and dimensions != vector.shape[0]:
-            check_dimensions(dimensions, int(vector.shape[0]), normalized, model)
-            vector = vector[:dimensions]
-            norm = float(np.linalg.norm(vector))
-            if norm > 0:
-                vector = (vector / norm).astype(np.float32)
-        vectors.append(np.ascontiguousarray(vector))
-    return vectors
-
-
 # --- answers -------------------------------------------------------------------------------
 
 
-def _base64(vector: np.ndarray) -> str:
-    return base64.b64encode(vector.astype("<f4", copy=False).tobytes()).decode("ascii")
-
-
 def encode_embeddings(
-    model: str, vectors: Sequence[np.ndarray], encoding_format: EncodingFormat, tokens: int
+    model: str,
+    vectors: Sequence[np.ndarray],
+    encoding_format: str,
+    tokens: int,
+    truncated: Sequence[bool] | None = None,
 ) -> bytes:
     """The ``POST /v1/embeddings`` answer: one embedding object per input, in order, and the
-    usage (``prompt_tokens`` = ``total_tokens`` = ``tokens``)."""
-    data = [
-        {
+    usage (``prompt_tokens`` = ``total_tokens`` = ``tokens``). With ``truncated``, each
+    embedding object also says whether the model cut its input (``"truncated"``, a field the
+    SDK keeps as an extra)."""
+    as_base64 = encoding_format == "base64" or encoding_format.endswith("+base64")
+    data = []
+    for index, vector in enumerate(vectors):
+        entry: dict[str, Any] = {
             "object": "embedding",
             "index": index,
-            "embedding": vector if encoding_format == "float" else _base64(vector),
+            "embedding": encode_vector(vector, as_base64),
         }
-        for index, vector in enumerate(vectors)
-    ]
+        if truncated is not None:
+            entry["truncated"] = bool(truncated[index])
+        data.append(entry)
     return orjson.dumps(
         {
             "object": "list",

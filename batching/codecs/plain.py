@@ -3,6 +3,12 @@
 An item of a model with several named inputs is a JSON object of them, e.g.
 ``{"inputs": [{"text": "a", "text_pair": "b"}]}`` for a text-pair classifier.
 
+Embedding options (:mod:`.embed_options`) go beside ``inputs`` as TEI sends them
+(``{"inputs": [...], "prompt_name": "query", "truncate": false}``) or in an HF-style
+``"parameters"`` object (``{"inputs": [...], "parameters": {"prompt_name": "query"}}``); any
+other key is a 400, never ignored. An embedding answer says which texts were cut
+(``"truncated": [false, true]``) and the tokens used (``"usage"``) when the model counts them.
+
 ``curl -d "some text"`` sends ``application/x-www-form-urlencoded``; a user typing that means
 text. A body is therefore read as JSON when its content type says JSON, or when it has no
 content type (or curl's form type) and starts with ``{`` or ``[`` after whitespace; a body read
@@ -12,6 +18,7 @@ as JSON that does not parse is a 400, never a text. Anything else is one text.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -20,17 +27,44 @@ from batching.errors import InvalidRequest, UnprocessableInput
 
 from .inputs import InputSpec, named_item
 
-__all__ = ["SNIFFED_TYPES", "check_inputs", "check_texts", "encode_outputs", "parse_inputs"]
+__all__ = [
+    "SNIFFED_TYPES",
+    "PlainRequest",
+    "check_inputs",
+    "check_texts",
+    "encode_embeddings",
+    "encode_outputs",
+    "parse_inputs",
+    "parse_request",
+]
 
 #: Content types that do not say what the body is (none, or what ``curl -d`` sends): a body of
 #: one of them is JSON when it starts with ``{`` or ``[`` after whitespace, else text.
 SNIFFED_TYPES = frozenset({"", "application/x-www-form-urlencoded"})
 
 
+@dataclass(frozen=True, slots=True)
+class PlainRequest:
+    """A plain body: its inputs, one per item, and the option keys it set beside them (or in
+    its ``parameters``), as sent."""
+
+    inputs: list[Any]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
 def parse_inputs(body: bytes, content_type: str) -> list[Any]:
-    """The request's inputs, one per item, in order.
+    """The request's inputs, one per item, in order (its options left aside).
 
     :raises InvalidRequest: empty body, bad JSON, not UTF-8, or no usable ``inputs``.
+    """
+    return parse_request(body, content_type).inputs
+
+
+def parse_request(body: bytes, content_type: str) -> PlainRequest:
+    """The request's inputs, one per item, in order, and its options.
+
+    :raises InvalidRequest: empty body, bad JSON, not UTF-8, no usable ``inputs``, or a
+        ``parameters`` that is not an object or repeats a key set beside it.
     """
     if not body.strip():
         raise InvalidRequest('the request body is empty: send text, or JSON {"inputs": ...}')
@@ -46,7 +80,7 @@ def parse_inputs(body: bytes, content_type: str) -> list[Any]:
         except InvalidRequest as exc:
             raise InvalidRequest(f"{exc}; {_as_text(sniffed)}") from None
     try:
-        return [body.decode("utf-8")]
+        return PlainRequest([body.decode("utf-8")])
     except UnicodeDecodeError:
         raise InvalidRequest("the request body is not valid UTF-8 text") from None
 
@@ -67,19 +101,35 @@ def _as_text(first: str) -> str:
     return f"to send text that starts with {first!r}, set Content-Type: text/plain"
 
 
-def _inputs_from_json(document: Any) -> list[Any]:
+def _inputs_from_json(document: Any) -> PlainRequest:
     if not isinstance(document, dict):
         raise InvalidRequest('the JSON body must be an object like {"inputs": ["text", ...]}')
     if "inputs" not in document:
         raise InvalidRequest('the JSON body has no "inputs" key')
     inputs = document["inputs"]
+    options = _options(document)
     if isinstance(inputs, list):
         if not inputs:
             raise InvalidRequest('"inputs" is an empty list')
-        return inputs
+        return PlainRequest(inputs, options)
     if inputs is None:
         raise InvalidRequest('"inputs" is null')
-    return [inputs]
+    return PlainRequest([inputs], options)
+
+
+def _options(document: dict[str, Any]) -> dict[str, Any]:
+    """Every key beside ``inputs``, with those of ``parameters`` (HF's shape) merged in."""
+    options = {key: value for key, value in document.items() if key not in ("inputs", "parameters")}
+    parameters = document.get("parameters")
+    if parameters is None:
+        return options
+    if not isinstance(parameters, dict):
+        raise InvalidRequest('"parameters" must be an object of options')
+    for key, value in parameters.items():
+        if key in options:
+            raise InvalidRequest(f"{key!r} is set both beside inputs and in parameters")
+        options[key] = value
+    return options
 
 
 def check_texts(inputs: list[Any]) -> list[str]:
@@ -121,9 +171,32 @@ def encode_outputs(model: str, outputs: list[Any]) -> bytes:
     )
 
 
+def encode_embeddings(
+    model: str,
+    vectors: Sequence[Any],
+    *,
+    truncated: Sequence[bool] | None,
+    tokens: int | None,
+) -> bytes:
+    """The answer to an embedding request: ``{"model", "outputs"}`` as for any other, plus
+    ``"truncated"`` (per text, whether the model cut it) and ``"usage"`` (tokens used,
+    prompts included) when they are known. ``vectors`` are arrays or base64 strings."""
+    answer: dict[str, Any] = {"model": model, "outputs": list(vectors)}
+    if truncated is not None:
+        answer["truncated"] = list(truncated)
+    if tokens is not None:
+        answer["usage"] = {"prompt_tokens": tokens, "total_tokens": tokens}
+    return orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
 def _fallback(value: Any) -> Any:
     # numpy scalars of types orjson does not know, tuples of arrays, and the like.
     tolist = getattr(value, "tolist", None)
     if tolist is not None:
         return tolist()
+    kind = type(value)
+    if all(getattr(kind, name) is getattr(object, name) for name in ("__str__", "__repr__")):
+        # "<Thing object at 0x7f...>" says nothing to the client but the server's memory
+        # layout: a model output with no text of its own is the server's error (a 500).
+        raise TypeError(f"a model output of type {type(value).__name__} has no JSON form")
     return str(value)

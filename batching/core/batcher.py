@@ -109,8 +109,12 @@ class Batcher:
         deadline: float,
         tokens: list[int] | None = None,
         request_id: str = "",
+        token_cap: int | None = None,
     ) -> Pending:
         """Admit ``items`` as one request and return the future of their outputs, in order.
+
+        ``tokens`` are the items' token counts; ``token_cap`` (with them) caps the padded
+        tokens of every batch the items run in, below the model's own token cap if it has one.
 
         :raises PayloadTooLarge: more items than one request may carry.
         :raises NotReady: no instance is ready, or the server is draining.
@@ -155,6 +159,7 @@ class Batcher:
             results=[None] * count,
             unresolved=count,
             admitted=self.clock(),
+            token_cap=token_cap,
         )
         self.queue.put_nowait(Job(request, 0, count))
         self.queued_items += count

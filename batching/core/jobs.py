@@ -57,6 +57,9 @@ class Request:
     compute_s: float = 0.0
     #: Whether the batcher has reported how it was resolved (``request_done``).
     reported: bool = False
+    #: A cap on the padded tokens (items x longest) of every batch its items run in, under
+    #: the model's own token cap; None: the model's cap alone. Needs ``tokens``.
+    token_cap: int | None = None
 
     def settle(self, start: int, outputs: Outputs) -> None:
         """Store the outputs of items ``start...``; resolve the future once all are in."""

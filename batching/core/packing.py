@@ -36,22 +36,32 @@ class Batch:
         return self.max_tokens is not None and (self.items + 1) * self.longest >= self.max_tokens
 
     def take(self, job: Job) -> Job | None:
-        """Add as much of ``job`` as fits; return the part that does not, if any."""
+        """Add as much of ``job`` as fits; return the part that does not, if any.
+
+        A request with a ``token_cap`` (items whose outputs grow with their tokens, such as
+        per-token vectors) lowers the batch's token cap to it once any of its items joins, so
+        the whole batch, whatever else it holds, stays under it."""
         room = self.max_items - self.items
-        tokens = job.request.tokens
-        if tokens is not None and self.max_tokens is None:
+        request = job.request
+        tokens = request.tokens
+        limit = self.max_tokens
+        if tokens is not None and request.token_cap is not None:
+            limit = request.token_cap if limit is None else min(limit, request.token_cap)
+        if tokens is not None and limit is None:
             self.longest = max(self.longest, *tokens[job.start : job.start + min(room, job.size)])
-        elif tokens is not None and self.max_tokens is not None:
+        elif tokens is not None and limit is not None:
             longest, fits = self.longest, 0
             for index in range(job.start, job.start + min(room, job.size)):
                 candidate = max(longest, tokens[index])
                 # A lone item longer than the cap still runs (truncation bounds it); otherwise
                 # the padded size items x longest must stay under the cap.
-                if self.items + fits > 0 and (self.items + fits + 1) * candidate > self.max_tokens:
+                if self.items + fits > 0 and (self.items + fits + 1) * candidate > limit:
                     break
                 longest, fits = candidate, fits + 1
             room = fits
             self.longest = longest
+            if fits:
+                self.max_tokens = limit
         if room <= 0:
             return job
         if job.size <= room:

@@ -4,6 +4,7 @@ served by the same process into the same queues as HTTP. The stubs are those gen
 errors become gRPC status codes is :mod:`.errors`. :class:`GrpcServer` is what the app starts
 and drains."""
 
+from .limits import GrpcLimits
 from .server import GrpcServer, GrpcUnavailable
 
-__all__ = ["GrpcServer", "GrpcUnavailable"]
+__all__ = ["GrpcLimits", "GrpcServer", "GrpcUnavailable"]

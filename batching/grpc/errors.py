@@ -4,10 +4,10 @@ Every call is counted in the same Prometheus request counters as HTTP, under the
 the HTTP door would have answered, so one dashboard sees both transports.
 
 ``PayloadTooLarge`` maps to ``INVALID_ARGUMENT``, not ``RESOURCE_EXHAUSTED``: over gRPC it can
-only mean more items than one request may carry (messages themselves may be as large as
-tritonclient sends), which is the request's fault and fails again unchanged. gRPC's canonical
-mapping gives ``RESOURCE_EXHAUSTED`` HTTP 429, a quota to retry after, and Triton itself answers
-a batch over ``max_batch_size`` with ``INVALID_ARGUMENT``.
+only mean more items than one request may carry, which is the request's fault and fails again
+unchanged; Triton itself answers a batch over ``max_batch_size`` with ``INVALID_ARGUMENT``. A
+message over ``--max-body-bytes`` never reaches the door: grpc-core answers it
+``RESOURCE_EXHAUSTED`` from its length prefix (:mod:`.limits`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The gRPC server: ``grpc.aio`` on the app's event loop, into the same data plane as HTTP.
 
-It binds like Triton's (message sizes up to what tritonclient sends) but never shares its
-port: gRPC's default ``SO_REUSEPORT`` would let a second server on the same port take half of
-the first one's calls, so a taken port is an error here, as it is for HTTP.
+It binds with the same limits as HTTP (:mod:`.limits`: message size, connections, timeouts,
+keepalive pings) and never shares its port: gRPC's default ``SO_REUSEPORT`` would let a second
+server on the same port take half of the first one's calls, so a taken port is an error here,
+as it is for HTTP. Each unary method reads its own message (:mod:`.calls`).
 """
 
 from __future__ import annotations
@@ -10,27 +11,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import grpc
-from tritonclient.grpc import service_pb2_grpc
 
 from batching.service import DataPlane
+from batching.tls import CertificateFiles
 
+from .calls import SERVICE, method_handlers
+from .limits import GrpcLimits
+from .tls import server_credentials
 from .v2 import InferenceServicer
 
-__all__ = ["INT32_MAX", "GrpcServer", "GrpcUnavailable"]
+__all__ = ["GrpcServer", "GrpcUnavailable"]
 
 logger = logging.getLogger("batching")
-
-#: The largest message gRPC can take, and what tritonclient allows itself to send and receive.
-INT32_MAX = 2**31 - 1
-
-OPTIONS = [
-    ("grpc.max_send_message_length", INT32_MAX),
-    ("grpc.max_receive_message_length", INT32_MAX),
-    ("grpc.so_reuseport", 0),
-]
 
 
 class GrpcUnavailable(OSError):
@@ -63,10 +59,15 @@ def _bind_error(host: str, port: int) -> OSError | None:
 class GrpcServer:
     """KServe v2 over gRPC on ``host:port``, serving ``plane``.
 
+    :param limits: message size, connections and timeouts (HTTP's, see :mod:`.limits`).
     :param explicit: whether the port was asked for. If so, a port that cannot be bound is
         an error: ``on_failure`` is told why, or :meth:`start` raises
         :class:`GrpcUnavailable`. If not (a default), the server logs one line and stays off,
         so that several servers on one machine need no flag but HTTP's.
+    :param tls: serve TLS (and mutual TLS) with these certificates, re-read for new
+        connections when their files change (:mod:`batching.grpc.tls`); None: plaintext.
+    :param interceptors: ``grpc.aio.ServerInterceptor`` s every call passes, in order (the
+        API key check, :mod:`.auth`).
     """
 
     def __init__(
@@ -75,14 +76,20 @@ class GrpcServer:
         host: str,
         port: int,
         *,
+        limits: GrpcLimits | None = None,
         explicit: bool = True,
         on_failure: Callable[[str], None] | None = None,
+        tls: CertificateFiles | None = None,
+        interceptors: Sequence[Any] = (),
     ) -> None:
         self.plane = plane
+        self.tls = tls
         self.host = host
         self.port = port
+        self.limits = limits if limits is not None else GrpcLimits()
         self.explicit = explicit
         self.on_failure = on_failure
+        self.interceptors = list(interceptors)
         self._server: grpc.aio.Server | None = None
         self._stopping: asyncio.Task[None] | None = None
 
@@ -103,18 +110,30 @@ class GrpcServer:
         if problem is not None:
             self._refuse(problem)
             return
-        server = grpc.aio.server(options=OPTIONS)
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-            InferenceServicer(self.plane), server
+        server = grpc.aio.server(
+            options=self.limits.server_options(), interceptors=self.interceptors or None
         )
+        servicer = InferenceServicer(self.plane)
+        handlers = method_handlers(
+            servicer, message_timeout=self.limits.message_timeout, count=servicer.count_refused
+        )
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        server.add_registered_method_handlers(SERVICE, handlers)
         try:
-            server.add_insecure_port(self.address)
+            if self.tls is None:
+                server.add_insecure_port(self.address)
+            else:
+                server.add_secure_port(self.address, server_credentials(self.tls))
         except RuntimeError as exc:  # taken between the check and the bind
             self._refuse(OSError(str(exc)))
             return
         await server.start()
         self._server = server
-        logger.info("serving KServe v2 over gRPC on %s", self.address)
+        logger.info(
+            "serving KServe v2 over gRPC%s on %s",
+            "" if self.tls is None else " with TLS",
+            self.address,
+        )
 
     def _refuse(self, problem: OSError) -> None:
         reason = problem.strerror or str(problem)

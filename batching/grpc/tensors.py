@@ -13,8 +13,8 @@ Decisions worth knowing:
   in HTTP's binary extension) or in each input's typed ``contents``, as Triton accepts it.
 - Typed contents must sit in the field of the input's datatype (``fp32_contents`` for FP32,
   ``int_contents`` for INT8/16/32, ...); FP16 has no typed field and must come raw.
-- Request parameters keep whatever value type they were sent with; unknown ones are kept and
-  ignored (perf_analyzer sends ``triton_enable_empty_final_response``).
+- Request parameters keep whatever value type they were sent with; what they mean (Triton's,
+  embedding options, or a 400) is :mod:`batching.kserve.infer`'s business.
 - Outputs go back in ``raw_output_contents``, which is what tritonclient reads fastest.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-from batching.errors import InvalidRequest
+from batching.errors import InvalidRequest, PayloadTooLarge
 from batching.kserve.tensors import (
     DATATYPES,
     INT64_MAX,
@@ -38,7 +38,7 @@ from batching.kserve.tensors import (
     array_from_buffer,
 )
 
-__all__ = ["encode_infer_response", "parameters_of", "parse_infer_request"]
+__all__ = ["check_item_count", "encode_infer_response", "parameters_of", "parse_infer_request"]
 
 #: The typed ``contents`` field each datatype's elements go in (Triton's rule).
 CONTENTS_FIELD: dict[str, str] = {
@@ -67,6 +67,26 @@ def parameters_of(parameters: Mapping[str, Any]) -> dict[str, Any]:
         choice = parameter.WhichOneof("parameter_choice")
         values[key] = None if choice is None else getattr(parameter, choice)
     return values
+
+
+def check_item_count(request: Any, cap: int) -> None:
+    """Refuse a ``ModelInferRequest`` that declares more than ``cap`` items, from its shapes
+    alone, before any element is decoded: the first dimension of every input is its item
+    count, and a BYTES input may hold no more than ``cap`` elements in all (each is a text,
+    decoded one by one; numeric data is decoded at once, whatever its size).
+
+    :raises PayloadTooLarge: with the message the batcher gives a request over the cap.
+    """
+    for tensor in request.inputs:
+        shape = [int(dim) for dim in tensor.shape]
+        rows = shape[0] if shape else 1
+        elements = math.prod(shape) if str(tensor.datatype) == "BYTES" else rows
+        count = max(rows, elements)
+        if count > cap:
+            raise PayloadTooLarge(
+                f"a request may carry at most {cap} items, this one has {count}"
+                + ("" if rows == count else f" (elements of input {str(tensor.name)!r})")
+            )
 
 
 def parse_infer_request(request: Any) -> InferRequest:
@@ -202,9 +222,14 @@ def _from_raw(where: str, datatype: str, raw: bytes, count: int) -> np.ndarray:
 
 
 def encode_infer_response(
-    model_name: str, model_version: str, request_id: str | None, outputs: list[InferTensor]
+    model_name: str,
+    model_version: str,
+    request_id: str | None,
+    outputs: list[InferTensor],
+    parameters: Mapping[str, Any] | None = None,
 ) -> Any:
-    """A ``ModelInferResponse`` carrying ``outputs`` in ``raw_output_contents``.
+    """A ``ModelInferResponse`` carrying ``outputs`` in ``raw_output_contents``, and
+    ``parameters`` (bool, int or str values) in its parameters.
 
     :raises ValueError: when an output's data does not match its datatype or shape, or a BYTES
         element is neither ``bytes`` nor ``str`` (a bug in the model or server, not the client).
@@ -223,6 +248,14 @@ def encode_infer_response(
         entry = response.outputs.add(name=tensor.name, datatype=tensor.datatype)
         entry.shape.extend(int(dim) for dim in tensor.shape)
         response.raw_output_contents.append(_raw_from_array(tensor.datatype, data))
+    for key, value in (parameters or {}).items():
+        parameter = response.parameters[key]
+        if isinstance(value, bool):
+            parameter.bool_param = value
+        elif isinstance(value, int):
+            parameter.int64_param = value
+        else:
+            parameter.string_param = str(value)
     return response
 
 

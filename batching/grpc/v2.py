@@ -23,14 +23,29 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from batching.answers import answer_log
-from batching.errors import BatchingError, ModelNotFound
+from batching.codecs.embedding import run_embedding
+from batching.codecs.multivector import run_per_token
+from batching.codecs.sparse import check_truncation
+from batching.errors import BatchingError, ModelNotFound, PayloadTooLarge
 from batching.kserve import describe
-from batching.kserve.infer import items_of, output_tensors, timeout_parameter
+from batching.kserve.infer import (
+    embedding_parameters,
+    embedding_plan,
+    embedding_tensors,
+    items_of,
+    output_tensors,
+    timeout_parameter,
+    token_answer_parameters,
+    token_answer_tensors,
+    token_plan_of,
+)
+from batching.kserve.tensors import InferRequest
 from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
 
+from .calls import OFFLOAD_BYTES, REQUEST_ID_KEY, refuse
 from .errors import CANCELLED, INTERNAL, status_of
-from .tensors import encode_infer_response, parse_infer_request
+from .tensors import check_item_count, encode_infer_response, parse_infer_request
 
 __all__ = ["InferenceServicer"]
 
@@ -52,27 +67,40 @@ def _parsed(document: Any, message: Any) -> Any:
     return json_format.ParseDict(document, message, ignore_unknown_fields=True)
 
 
-async def _abort(context: Any, code: grpc.StatusCode, status: int, message: str, rid: str) -> None:
+def internal_message(request_id: str) -> str:
+    """What a caller is told of a failure of the server's own: nothing but where to look."""
+    return f"internal server error (request id {request_id}; the server log has the details)"
+
+
+def _refused(context: Any, code: grpc.StatusCode, status: int, message: str, rid: str) -> None:
+    """Answer ``code`` with ``message`` (and, for a 500, the request id), logged as every door
+    logs its error answers. Raises nothing: see :mod:`.calls` for why not ``context.abort``."""
+    if status == INTERNAL[1] and rid not in message:
+        message = f"{message} (request id {rid})"
     answer_log.answered(f"gRPC request {rid} ({code.name})", status, message)
-    await context.abort(code, message)
+    refuse(context, code, message, rid)
 
 
 def _answers_errors(method: Handler) -> Handler:
     """Answer a :class:`BatchingError` with its status code and anything else with INTERNAL
-    (logged, never sent: the caller sees no traceback)."""
+    (logged with its traceback under the request id, never sent: the caller sees no class,
+    path or address). The exception is let go before the answer is set."""
 
     @functools.wraps(method)
-    async def handler(self: Any, request: Any, context: Any) -> Any:
+    async def handler(self: InferenceServicer, request: Any, context: Any) -> Any:
         try:
             return await method(self, request, context)
-        except grpc.aio.AbortError:
-            raise
         except BatchingError as exc:
-            code, status = status_of(exc)
-            await _abort(context, code, status, str(exc), "-")
+            (code, status), message = status_of(exc), str(exc)
+            rid = None
         except Exception:
-            logger.exception("a gRPC %s call failed with an internal error", method.__name__)
-            await context.abort(INTERNAL[0], "internal server error")
+            rid = self._request_id(request, context)
+            logger.exception(
+                "gRPC request %s (%s) failed with an internal error", rid, method.__name__
+            )
+            (code, status), message = INTERNAL, internal_message(rid)
+        _refused(context, code, status, message, rid or self._request_id(request, context))
+        return None
 
     return handler  # type: ignore[return-value]
 
@@ -91,12 +119,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     def _deployment(self, name: str, version: str) -> Deployment:
         return self.plane.deployment(name, version or None)
 
+    @_answers_errors
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return service_pb2.ServerLiveResponse(live=True)
 
+    @_answers_errors
     async def ServerReady(self, request: Any, context: Any) -> Any:
         return service_pb2.ServerReadyResponse(ready=self.models.ready)
 
+    @_answers_errors
     async def ModelReady(self, request: Any, context: Any) -> Any:
         # A model that is not served is not ready, as Triton answers (and tritonclient's HTTP
         # is_model_ready says of the 404): a bool, not an error.
@@ -141,30 +172,62 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         deployment = self._deployment(request.model_name, request.model_version)
         rid = self._request_id(request, context)
+        context.set_trailing_metadata(((REQUEST_ID_KEY, rid),))
         plane = self.plane
         started = plane.now()
         status = INTERNAL[1]
+        # Set in the except blocks, answered after them: nothing raised while an exception
+        # is being handled, so no traceback keeps the request alive (see .calls).
+        failure: tuple[grpc.StatusCode, str] | None = None
         try:
-            parsed = parse_infer_request(request)
+            try:
+                check_item_count(request, deployment.config.batching.max_items_per_request)
+            except PayloadTooLarge:
+                plane.refused(deployment.name, "too_large")
+                raise
+            if request.ByteSize() > OFFLOAD_BYTES:
+                # Decoding a large message's elements would hold up every other call.
+                parsed, items = await asyncio.to_thread(_decoded, deployment, request)
+            else:
+                parsed, items = _decoded(deployment, request)
             # The caller's gRPC deadline, lowered further by the `timeout` parameter.
             asked = _lower(context.time_remaining(), timeout_parameter(parsed.parameters))
             deadline = plane.deadline(deployment, asked)
-            items = items_of(deployment, parsed)
-            outputs = await self._infer(deployment, items, deadline, rid)
-            if outputs is None:
+            per_token = token_plan_of(deployment, parsed, items)
+            plan = None if per_token is not None else embedding_plan(deployment, parsed, items)
+            parameters: dict[str, Any] = {}
+            tensors: Any = None
+            if per_token is not None:
+                tokens = await run_per_token(
+                    plane, deployment, per_token, deadline=deadline, request_id=rid
+                )
+                if tokens is not None:
+                    tensors = token_answer_tensors(parsed, tokens)
+                    parameters = token_answer_parameters(tokens)
+            elif plan is None:
+                await check_truncation(plane, deployment, parsed.parameters, items)
+                outputs = await self._infer(deployment, items, deadline, rid)
+                if outputs is not None:
+                    tensors = output_tensors(deployment, outputs)
+            else:
+                answer = await run_embedding(
+                    plane, deployment, plan, deadline=deadline, request_id=rid
+                )
+                if answer is not None:
+                    tensors = embedding_tensors(deployment, plan, answer)
+                    parameters = embedding_parameters(answer)
+            if tensors is None:
                 status = CANCELLED
-                await context.abort(grpc.StatusCode.CANCELLED, "the call was cancelled")
-            response = encode_infer_response(
-                deployment.name,
-                deployment.config.version,
-                parsed.id,
-                output_tensors(deployment, outputs),
-            )
-            status = 200
-            return response
+                failure = (grpc.StatusCode.CANCELLED, "the call was cancelled")
+            else:
+                response = encode_infer_response(
+                    deployment.name, deployment.config.version, parsed.id, tensors, parameters
+                )
+                status = 200
+                return response
         except BatchingError as exc:
             code, status = status_of(exc)
-            await _abort(context, code, status, str(exc), rid)
+            failure = (code, str(exc))
         except asyncio.CancelledError:
             # grpc cancels the handler when the caller cancels or its deadline passes.
             remaining = context.time_remaining()
@@ -172,8 +235,20 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             if status == 504:
                 plane.refused(deployment.name, "deadline")
             raise
+        except Exception:
+            logger.exception("gRPC request %s failed with an internal error", rid)
+            failure = (INTERNAL[0], internal_message(rid))
         finally:
             plane.record(deployment, status, started)
+        assert failure is not None
+        _refused(context, failure[0], status, failure[1], rid)
+        return None
+
+    def count_refused(self, status: int, reason: str | None, started: float) -> None:
+        """Count a call refused before its method ran (:mod:`.calls`), under model ""."""
+        self.plane.record(None, status, started)
+        if reason is not None:
+            self.plane.refused("", reason)
 
     async def _infer(
         self, deployment: Deployment, items: list[Any], deadline: float, rid: str
@@ -186,8 +261,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     def _request_id(self, request: Any, context: Any) -> str:
         """The caller's ``x-request-id`` metadata, else the request's ``id``, else a new one."""
         for key, value in context.invocation_metadata() or ():
-            if key == "x-request-id" and isinstance(value, str) and _REQUEST_ID.match(value):
+            if key == REQUEST_ID_KEY and isinstance(value, str) and _REQUEST_ID.match(value):
                 return value
-        if _REQUEST_ID.match(request.id):
-            return str(request.id)
+        own = getattr(request, "id", "")
+        if isinstance(own, str) and _REQUEST_ID.match(own):
+            return own
         return self._new_id()
+
+
+def _decoded(deployment: Deployment, request: Any) -> tuple[InferRequest, list[Any]]:
+    """``request``'s tensors, and the items they carry for ``deployment``."""
+    parsed = parse_infer_request(request)
+    return parsed, items_of(deployment, parsed)

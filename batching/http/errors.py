@@ -28,7 +28,7 @@ from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
 
 from .connections import hold_resends
-from .middleware import request_id_of
+from .middleware import internal_error_message, request_id_of
 from .requests import BodyTooLarge
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "error_response",
     "recorded",
     "status_of",
+    "with_request_id",
 ]
 
 logger = logging.getLogger("batching")
@@ -100,6 +101,12 @@ def recorded(plane: DataPlane, deployment: Deployment) -> Iterator[Outcome]:
         plane.record(deployment, outcome.status, started)
 
 
+def with_request_id(message: str, status: int, request_id: str) -> str:
+    """``message``, naming the request id when ``status`` is a failure of the server's own (500),
+    whose details are in the log under it."""
+    return f"{message} (request id {request_id})" if status == 500 else message
+
+
 async def _batching_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, BatchingError)
     status = status_of(exc)
@@ -107,7 +114,7 @@ async def _batching_error(request: Request, exc: Exception) -> Response:
     if isinstance(exc, Unavailable):
         headers = {"Retry-After": str(max(1, round(exc.retry_after)))}
         hold_resends(request.scope, exc)
-    message = str(exc)
+    message = with_request_id(str(exc), status, request_id_of(request.scope))
     answer_log.answered(f"request {request_id_of(request.scope)}", status, message)
     return error_response(message, status, headers)
 
@@ -118,10 +125,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
-    logger.error(
-        "request %s failed with an internal error", request_id_of(request.scope), exc_info=exc
-    )
-    return error_response("internal server error", 500)
+    request_id = request_id_of(request.scope)
+    logger.error("request %s failed with an internal error", request_id, exc_info=exc)
+    return error_response(internal_error_message(request_id), 500)
 
 
 #: The app's exception handlers: the error tree, Starlette's own HTTP errors, anything else.

@@ -1,17 +1,34 @@
-"""The request id: honoured from ``X-Request-ID`` (or made), kept in the scope, echoed back."""
+"""The request id: honoured from ``X-Request-ID`` (or made), kept in the scope, echoed back on
+every answer, 500s included.
+
+It is also where an exception no handler answered ends: logged with its traceback under the
+request id, and answered ``500 {"error": "internal server error (request id ...)"}`` with the
+``X-Request-ID`` header, on a connection that stays usable. Left to Starlette, the 500 would be
+sent from outside this middleware (no request id) and the exception raised on to uvicorn, which
+then drops the kept-alive connection, resetting the client's next request on it.
+"""
 
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 import uuid
 from collections.abc import Callable
 
+import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["RequestIdMiddleware", "request_id_of"]
+__all__ = ["RequestIdMiddleware", "internal_error_message", "request_id_of"]
+
+logger = logging.getLogger("batching")
 
 _REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
+
+
+def internal_error_message(request_id: str) -> str:
+    """What a client is told of a failure of the server's own: nothing but where to look."""
+    return f"internal server error (request id {request_id}; the server log has the details)"
 
 
 def request_id_of(scope: Scope) -> str:
@@ -45,10 +62,31 @@ class RequestIdMiddleware:
             request_id = self._new_id()
         scope.setdefault("state", {})["request_id"] = request_id
         encoded = request_id.encode("latin-1")
+        started = False
 
         async def send_with_id(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", encoded)]
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        try:
+            await self.app(scope, receive, send_with_id)
+            return
+        except Exception as exc:
+            logger.error("request %s failed with an internal error", request_id, exc_info=exc)
+            if started:
+                raise  # an answer is half sent: only closing the connection can end it
+        body = orjson.dumps({"error": internal_error_message(request_id)})
+        await send_with_id(
+            {
+                "type": "http.response.start",
+                "status": 500,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send_with_id({"type": "http.response.body", "body": body})

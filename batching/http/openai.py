@@ -25,18 +25,16 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from batching.answers import answer_log
+from batching.codecs.embed_options import EmbedOptions, plan_embedding
+from batching.codecs.embedding import run_embedding
 from batching.codecs.openai import (
     MAX_INPUT_TOKENS,
-    check_dimensions,
     check_token_limits,
-    embedding_vectors,
-    embedding_width,
     encode_embeddings,
     encode_model,
     encode_models,
     error_document,
     is_embedding_model,
-    is_normalized,
     parse_embeddings_request,
 )
 from batching.errors import (
@@ -55,8 +53,8 @@ from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
 
 from .connections import hold_resends
-from .errors import CLIENT_CLOSED, recorded, status_of
-from .middleware import request_id_of
+from .errors import CLIENT_CLOSED, recorded, status_of, with_request_id
+from .middleware import internal_error_message, request_id_of
 from .requests import disconnect_of, read_unattributed_body, timeout_of
 
 __all__ = ["ANY_METHOD", "openai_endpoint", "openai_error", "openai_routes", "served_model"]
@@ -116,7 +114,7 @@ def openai_error(exc: BatchingError, request: Request) -> Response:
         hold_resends(request.scope, exc)
     elif isinstance(exc, DeadlineExceeded | InferenceFailed):
         headers["x-should-retry"] = "false"
-    message = str(exc)
+    message = with_request_id(str(exc), status, request_id_of(request.scope))
     answer_log.answered(f"request {request_id_of(request.scope)}", status, message)
     error_type = "invalid_request_error" if status < 500 else "server_error"
     return _json(
@@ -152,15 +150,10 @@ def openai_endpoint(handler: Endpoint, method: str) -> Endpoint:
         except BatchingError as exc:
             return openai_error(exc, request)
         except Exception as exc:
-            logger.error(
-                "request %s failed with an internal error",
-                request_id_of(request.scope),
-                exc_info=exc,
-            )
-            return _json(
-                error_document("internal server error", "server_error", None, "internal_error"),
-                500,
-            )
+            request_id = request_id_of(request.scope)
+            logger.error("request %s failed with an internal error", request_id, exc_info=exc)
+            message = internal_error_message(request_id)
+        return _json(error_document(message, "server_error", None, "internal_error"), 500)
 
     return endpoint
 
@@ -197,31 +190,41 @@ def openai_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
         deployment = served_model(plane, parsed.model, is_embedding_model, "an embedding")
         with recorded(plane, deployment) as outcome:
             deadline = plane.deadline(deployment, timeout_of(request))
-            metadata = deployment.metadata
-            check_dimensions(
-                parsed.dimensions, embedding_width(metadata), is_normalized(metadata), parsed.model
-            )
-            counts = await plane.count_tokens(deployment, parsed.texts, limit=MAX_INPUT_TOKENS + 1)
-            if counts.lengths is not None:
-                check_token_limits(counts.lengths)
-            outputs = await plane.infer(
-                deployment,
+            if not deployment.metadata and parsed.options != EmbedOptions(
+                encoding=parsed.options.encoding, base64=parsed.options.base64
+            ):
+                raise NotReady(f"model {parsed.model!r} is loading", retry_after=1.0)
+            plan = plan_embedding(
                 parsed.texts,
+                parsed.options,
+                deployment.metadata,
+                model=parsed.model,
+                truncate_default=deployment.config.truncate,
+                encoding_name="encoding_format",
+            )
+            answer = await run_embedding(
+                plane,
+                deployment,
+                plan,
                 deadline=deadline,
                 request_id=request_id_of(request.scope),
                 disconnected=disconnect_of(request),
-                tokens=counts.used,
+                count=True,
+                at_least=MAX_INPUT_TOKENS + 1,
+                check_lengths=check_token_limits,
             )
-            if outputs is None:
+            if answer is None:
                 outcome.status = CLIENT_CLOSED
                 return Response(status_code=CLIENT_CLOSED)
-            vectors = embedding_vectors(
-                outputs, parsed.dimensions, is_normalized(deployment.metadata), parsed.model
+            result = encode_embeddings(
+                parsed.model,
+                answer.vectors,
+                parsed.encoding_format,
+                answer.tokens or 0,
+                answer.truncated,
             )
-            tokens = sum(counts.used) if counts.used is not None else 0
-            answer = encode_embeddings(parsed.model, vectors, parsed.encoding_format, tokens)
             outcome.status = 200
-            return _json(answer)
+            return _json(result)
 
     def embedding_models() -> list[str]:
         return [d.name for d in plane.deployments if is_embedding_model(d.metadata)]

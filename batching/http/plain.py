@@ -2,18 +2,48 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from batching.codecs.embed_options import (
+    embedding_info,
+    encode_vector,
+    plan_embedding,
+    read_options,
+)
+from batching.codecs.embedding import run_embedding
 from batching.codecs.inputs import input_specs
-from batching.codecs.plain import check_inputs, encode_outputs, parse_inputs
+from batching.codecs.openai import is_embedding_model
+from batching.codecs.plain import check_inputs, encode_embeddings, encode_outputs, parse_request
+from batching.codecs.sparse import check_truncation, options_request, serves_sparse, sparse_items
+from batching.errors import InvalidRequest, NotReady
+from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
 
 from .errors import CLIENT_CLOSED, recorded
-from .requests import infer_for_request, read_body, timeout_of
+from .middleware import request_id_of
+from .requests import disconnect_of, infer_for_request, read_body, timeout_of
 
 __all__ = ["plain_routes"]
+
+
+def _embeds(deployment: Deployment, options: dict[str, Any]) -> bool:
+    """Whether the request goes the embedding way: the model declares embedding options, or
+    the request sets some (then the model must be an embedding model)."""
+    metadata = deployment.metadata
+    if not options:
+        return embedding_info(metadata) is not None and is_embedding_model(metadata)
+    if not metadata:
+        raise NotReady(f"model {deployment.name!r} is loading", retry_after=1.0)
+    if not is_embedding_model(metadata):
+        raise InvalidRequest(
+            f"model {deployment.name!r} is not an embedding model: it takes no options "
+            f"({', '.join(repr(key) for key in options)}); send only inputs"
+        )
+    return True
 
 
 def plain_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
@@ -24,10 +54,41 @@ def plain_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
         with recorded(plane, deployment) as outcome:
             deadline = plane.deadline(deployment, timeout_of(request))
             body = await read_body(request, max_body_bytes)
-            inputs = check_inputs(
-                parse_inputs(body, request.headers.get("content-type", "")),
-                input_specs(deployment.metadata),
-            )
+            parsed = parse_request(body, request.headers.get("content-type", ""))
+            inputs = check_inputs(parsed.inputs, input_specs(deployment.metadata))
+            if parsed.options and serves_sparse(deployment.metadata):
+                # A sparse model's options: its items, and the 413 of truncate: false.
+                asked = options_request(inputs, parsed.options, where="the request")
+                inputs = sparse_items(asked, deployment.metadata)
+                await check_truncation(plane, deployment, parsed.options, inputs)
+            elif _embeds(deployment, parsed.options):
+                plan = plan_embedding(
+                    inputs,
+                    read_options(parsed.options, where="the request"),
+                    deployment.metadata,
+                    model=deployment.name,
+                    truncate_default=deployment.config.truncate,
+                )
+                answer = await run_embedding(
+                    plane,
+                    deployment,
+                    plan,
+                    deadline=deadline,
+                    request_id=request_id_of(request.scope),
+                    disconnected=disconnect_of(request),
+                )
+                if answer is None:
+                    outcome.status = CLIENT_CLOSED
+                    return Response(status_code=CLIENT_CLOSED)
+                as_base64 = plan.options.base64
+                body = encode_embeddings(
+                    deployment.name,
+                    [encode_vector(vector, as_base64) for vector in answer.vectors],
+                    truncated=answer.truncated,
+                    tokens=answer.tokens,
+                )
+                outcome.status = 200
+                return Response(body, media_type="application/json")
             outputs = await infer_for_request(plane, request, deployment, inputs, deadline)
             if outputs is None:
                 outcome.status = CLIENT_CLOSED

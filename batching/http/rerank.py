@@ -39,7 +39,9 @@ def rerank_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
         with recorded(plane, deployment) as outcome:
             deadline = plane.deadline(deployment, timeout_of(request))
             items: list[Any] = pair_items(parsed)
-            counts = await plane.count_tokens(deployment, items)
+            counts = await plane.count_tokens(
+                deployment, items, request_id=request_id_of(request.scope)
+            )
             outputs = await plane.infer(
                 deployment,
                 items,

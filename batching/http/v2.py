@@ -15,16 +15,30 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from batching.codecs.embedding import run_embedding
+from batching.codecs.multivector import run_per_token
+from batching.codecs.sparse import check_truncation
 from batching.errors import InvalidRequest
 from batching.kserve import describe
-from batching.kserve.infer import items_of, output_tensors, timeout_parameter
+from batching.kserve.infer import (
+    embedding_parameters,
+    embedding_plan,
+    embedding_tensors,
+    items_of,
+    output_tensors,
+    timeout_parameter,
+    token_answer_parameters,
+    token_answer_tensors,
+    token_plan_of,
+)
 from batching.kserve.request import parse_infer_request
 from batching.kserve.response import encode_infer_response
 from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
 
 from .errors import CLIENT_CLOSED, recorded
-from .requests import infer_for_request, read_body, timeout_of
+from .middleware import request_id_of
+from .requests import disconnect_of, infer_for_request, read_body, timeout_of
 
 __all__ = ["v2_routes"]
 
@@ -93,16 +107,51 @@ def v2_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
             asked = _lower(asked, timeout_parameter(parsed.parameters))
             deadline = plane.deadline(deployment, asked)
             items = items_of(deployment, parsed)
-            outputs = await infer_for_request(plane, request, deployment, items, deadline)
-            if outputs is None:
-                outcome.status = CLIENT_CLOSED
-                return Response(status_code=CLIENT_CLOSED)
+            per_token = token_plan_of(deployment, parsed, items)
+            plan = None if per_token is not None else embedding_plan(deployment, parsed, items)
+            parameters: dict[str, Any] = {}
+            if per_token is not None:
+                tokens = await run_per_token(
+                    plane,
+                    deployment,
+                    per_token,
+                    deadline=deadline,
+                    request_id=request_id_of(request.scope),
+                    disconnected=disconnect_of(request),
+                )
+                if tokens is None:
+                    outcome.status = CLIENT_CLOSED
+                    return Response(status_code=CLIENT_CLOSED)
+                tensors = token_answer_tensors(parsed, tokens)
+                parameters = token_answer_parameters(tokens)
+            elif plan is None:
+                await check_truncation(plane, deployment, parsed.parameters, items)
+                outputs = await infer_for_request(plane, request, deployment, items, deadline)
+                if outputs is None:
+                    outcome.status = CLIENT_CLOSED
+                    return Response(status_code=CLIENT_CLOSED)
+                tensors = output_tensors(deployment, outputs)
+            else:
+                answer = await run_embedding(
+                    plane,
+                    deployment,
+                    plan,
+                    deadline=deadline,
+                    request_id=request_id_of(request.scope),
+                    disconnected=disconnect_of(request),
+                )
+                if answer is None:
+                    outcome.status = CLIENT_CLOSED
+                    return Response(status_code=CLIENT_CLOSED)
+                tensors = embedding_tensors(deployment, plan, answer)
+                parameters = embedding_parameters(answer)
             body, length = encode_infer_response(
                 deployment.name,
                 deployment.config.version,
                 parsed.id,
-                output_tensors(deployment, outputs),
+                tensors,
                 parsed.binary_output_names(describe.output_names(deployment)),
+                parameters,
             )
             outcome.status = 200
             if length is None:

@@ -22,6 +22,8 @@ from batching.metrics import Duration, ModelEvents, ModelStatistics
 from batching.runtime.deployment import Deployment
 from batching.service import Deployments
 
+from .multivector import ragged_parameters, token_output_config, token_output_metadata
+
 __all__ = [
     "EXTENSIONS",
     "input_names",
@@ -116,13 +118,22 @@ def model_metadata(deployment: Deployment) -> dict[str, Any]:
         "versions": [deployment.config.version],
         "platform": _platform(deployment),
         "inputs": tensors("inputs"),
-        "outputs": tensors("outputs"),
+        "outputs": tensors("outputs") + token_output_metadata(deployment),
     }
+    sparse = deployment.metadata.get("sparse")
+    if isinstance(sparse, dict):
+        # How a sparse model's indices and values tensors are padded, and its vocabulary.
+        described["sparse"] = sparse
     engine = deployment.metadata.get("engine")
     if isinstance(engine, dict):
         # What runs the model and why (the figures measured at start-up); not a v2 field,
         # so clients that read only the protocol's fields ignore it.
         described["engine"] = engine
+    embedding = deployment.metadata.get("embedding")
+    if isinstance(embedding, dict):
+        # The embedding options the model applies (prompts, max_seq_length, encodings, the
+        # int8/uint8 quantization ranges calibrated at warm-up); not a v2 field either.
+        described["embedding"] = embedding
     return described
 
 
@@ -135,6 +146,26 @@ def _engine_parameters(deployment: Deployment) -> dict[str, object]:
         "precision": engine.get("precision"),
         "engine_decision": orjson.dumps(engine).decode(),
     }
+
+
+def _embedding_parameters(deployment: Deployment) -> dict[str, object]:
+    """An embedding model's options (prompts, quantization ranges...) as one JSON string, so
+    that gRPC clients, whose metadata message has no room for them, can read them too; and
+    whether it cuts over-long texts by default (``--no-truncate``)."""
+    embedding = deployment.metadata.get("embedding")
+    if not isinstance(embedding, dict):
+        return {}
+    return {
+        "embedding": orjson.dumps(embedding).decode(),
+        "truncate": str(deployment.config.truncate).lower(),
+    }
+
+
+def _sparse_parameters(deployment: Deployment) -> dict[str, object]:
+    """A sparse model's description (vocabulary size, the padding of its indices and values
+    tensors) as one JSON string, for gRPC clients, whose metadata message has no room for it."""
+    sparse = deployment.metadata.get("sparse")
+    return {"sparse": orjson.dumps(sparse).decode()} if isinstance(sparse, dict) else {}
 
 
 def _parameters(values: dict[str, object]) -> dict[str, dict[str, str]]:
@@ -193,7 +224,7 @@ def model_config(deployment: Deployment) -> dict[str, Any]:
         "version_policy": _version_policy(config.version),
         "max_batch_size": batching.max_batch_size,
         "input": inputs,
-        "output": tensors("outputs"),
+        "output": tensors("outputs") + token_output_config(deployment),
         "dynamic_batching": {
             "preferred_batch_size": list(batching.preferred_batch_sizes),
             "max_queue_delay_microseconds": round(batching.max_queue_delay * 1e6),
@@ -222,6 +253,9 @@ def model_config(deployment: Deployment) -> dict[str, Any]:
                 "instance_kind": config.instance_kind,
                 "devices": ",".join(config.devices),
                 **_engine_parameters(deployment),
+                **_embedding_parameters(deployment),
+                **ragged_parameters(deployment),
+                **_sparse_parameters(deployment),
             }
         ),
     }
@@ -292,6 +326,12 @@ def repository_index(deployments: Deployments) -> list[dict[str, str]]:
             "state": "READY" if deployment.ready else "UNAVAILABLE",
         }
         if not deployment.ready:
-            entry["reason"] = deployment.load_error or "loading"
+            # Never the load error's text, which may hold paths: its class, and where to look.
+            failed = deployment.load_error_class
+            entry["reason"] = (
+                f"failed to load ({failed}; the server log has the details)"
+                if failed
+                else "loading"
+            )
         index.append(entry)
     return index

@@ -1,20 +1,70 @@
 """A KServe v2 infer request for one deployment, whatever the transport: the items its tensors
 carry (one tensor per declared input; several inputs make dict items), the deadline it asks
-for, and the response tensors of the outputs."""
+for, the embedding options its parameters set, and the response tensors of the outputs.
+
+Request parameters are Triton's (:data:`TRITON_PARAMETERS`, which tritonclient and
+perf_analyzer send) or embedding options (:mod:`batching.codecs.embed_options`); any other is
+a 400, never ignored. An embedding answer's tensor follows its encoding (FP32 ``[n, dim]``;
+INT8 or UINT8 ``[n, dim]`` for int8/uint8; INT8 or UINT8 ``[n, ceil(dim/8)]`` for
+binary/ubinary; BYTES ``[n, 1]`` of base64 text for the ``base64`` encodings), and the
+response's parameters say which texts were cut and the tokens used
+(:func:`embedding_parameters`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from batching.codecs.embed_options import (
+    EmbedPlan,
+    embedding_info,
+    encode_vector,
+    plan_embedding,
+    read_options,
+)
+from batching.codecs.embedding import EmbedAnswer
 from batching.codecs.inputs import InputSpec, input_specs, required_names
+from batching.codecs.multivector import TokenAnswer, token_options, token_plan
+from batching.codecs.openai import is_embedding_model
 from batching.codecs.plain import check_texts
-from batching.errors import InvalidRequest, UnprocessableInput
+from batching.codecs.sparse import OPTIONS as SPARSE_OPTIONS
+from batching.codecs.sparse import serves_sparse
+from batching.errors import InvalidRequest, NotReady, UnprocessableInput
 from batching.runtime.deployment import Deployment
 
 from .describe import input_names, output_names
+from .multivector import asks_tokens, token_output_names, token_tensors
+from .sparse import is_sparse, sparse_items_of, sparse_tensors
 from .tensors import InferRequest, InferTensor, rows_from_tensor, tensor_from_rows
 
-__all__ = ["items_of", "output_tensors", "timeout_parameter"]
+__all__ = [
+    "OUTPUT_OPTIONS",
+    "TRITON_OUTPUT_PARAMETERS",
+    "TRITON_PARAMETERS",
+    "embedding_parameters",
+    "embedding_plan",
+    "embedding_tensors",
+    "items_of",
+    "output_tensors",
+    "timeout_parameter",
+    "token_answer_parameters",
+    "token_answer_tensors",
+    "token_plan_of",
+]
+
+#: Request parameters of Triton's protocol, accepted on every model: the schedule policy
+#: (``timeout``, ``priority``), sequence batching (``sequence_*``), binary outputs, and what
+#: perf_analyzer sends for decoupled models. Only ``timeout`` and ``binary_data_output`` act.
+TRITON_PARAMETERS = frozenset(
+    {
+        "timeout",
+        "priority",
+        "sequence_id",
+        "sequence_start",
+        "sequence_end",
+        "binary_data_output",
+        "triton_enable_empty_final_response",
+    }
+)
 
 
 def timeout_parameter(parameters: dict[str, Any]) -> float | None:
@@ -45,8 +95,13 @@ def items_of(deployment: Deployment, request: InferRequest) -> list[Any]:
     if len(specs) > 1:
         items = _named_items(deployment, request, specs)
     else:
-        items = _single_items(deployment, request)
-    available = output_names(deployment)
+        options = {
+            key: value
+            for key, value in request.parameters.items()
+            if key not in TRITON_PARAMETERS and value is not None
+        }
+        items = sparse_items_of(deployment, options, _single_items(deployment, request))
+    available = output_names(deployment) + token_output_names(deployment)
     for wanted in request.outputs:
         if wanted.name not in available:
             raise InvalidRequest(
@@ -133,5 +188,145 @@ def _named_items(
 
 
 def output_tensors(deployment: Deployment, outputs: Any) -> list[InferTensor]:
-    """The response tensors of ``outputs``, one row per item, under the model's output name."""
+    """The response tensors of ``outputs``, one row per item, under the model's output name;
+    sparse vectors as two tensors, indices and values (:mod:`.sparse`)."""
+    if is_sparse(outputs):
+        return sparse_tensors(output_names(deployment), outputs)
     return [tensor_from_rows(output_names(deployment)[0], outputs)]
+
+
+#: Parameters of a requested output in Triton's protocol (the ones this server refuses, such
+#: as ``classification``, are refused when the request is parsed).
+TRITON_OUTPUT_PARAMETERS = frozenset(
+    {
+        "binary_data",
+        "classification",
+        "shared_memory_region",
+        "shared_memory_byte_size",
+        "shared_memory_offset",
+    }
+)
+#: Embedding options a requested output may carry instead of the request: they shape it.
+OUTPUT_OPTIONS = frozenset({"encoding", "dimensions"})
+
+
+def embedding_plan(
+    deployment: Deployment, request: InferRequest, items: list[Any]
+) -> EmbedPlan | None:
+    """The embedding plan of ``request``'s parameters (and of its requested output's
+    ``encoding`` and ``dimensions``), or None when the request goes the plain way (a model
+    without embedding options, asked for none).
+
+    :raises OptionError: an unknown parameter, or an option the model cannot apply.
+    """
+    options = {
+        key: value
+        for key, value in request.parameters.items()
+        if key not in TRITON_PARAMETERS and value is not None
+    }
+    for output in request.outputs:
+        for key, value in output.parameters.items():
+            if key in TRITON_OUTPUT_PARAMETERS or value is None:
+                continue
+            if key not in OUTPUT_OPTIONS:
+                raise InvalidRequest(
+                    f"output {output.name!r} has the unknown parameter {key!r}; an output "
+                    f"takes {', '.join(sorted(TRITON_OUTPUT_PARAMETERS | OUTPUT_OPTIONS))}"
+                )
+            if key in options and options[key] != value:
+                raise InvalidRequest(
+                    f"{key!r} is set both on the request and on output {output.name!r}"
+                )
+            options[key] = value
+    metadata = deployment.metadata
+    if serves_sparse(metadata):
+        # A sparse model's options were applied by items_of (:mod:`.sparse`).
+        unknown = sorted(key for key in options if key not in SPARSE_OPTIONS)
+        if unknown:
+            raise InvalidRequest(
+                f"model {deployment.name!r} takes no parameter "
+                f"{', '.join(repr(key) for key in unknown)}; a sparse model takes "
+                f"{', '.join(SPARSE_OPTIONS)} and Triton's: {', '.join(sorted(TRITON_PARAMETERS))}"
+            )
+        return None
+    if not options:
+        if embedding_info(metadata) is None or not is_embedding_model(metadata):
+            return None
+    elif not metadata:
+        raise NotReady(f"model {deployment.name!r} is loading", retry_after=1.0)
+    elif not is_embedding_model(metadata):
+        raise InvalidRequest(
+            f"model {deployment.name!r} takes no parameter "
+            f"{', '.join(repr(key) for key in options)}; the parameters it takes are "
+            f"Triton's: {', '.join(sorted(TRITON_PARAMETERS))}"
+        )
+    return plan_embedding(
+        items,
+        read_options(options, where="the request's parameters"),
+        metadata,
+        model=deployment.name,
+        truncate_default=deployment.config.truncate,
+    )
+
+
+def embedding_tensors(
+    deployment: Deployment, plan: EmbedPlan, answer: EmbedAnswer
+) -> list[InferTensor]:
+    """The response tensor of an embedding answer, typed by its encoding."""
+    name = output_names(deployment)[0]
+    if plan.options.base64:
+        texts = [encode_vector(vector, True) for vector in answer.vectors]
+        return [tensor_from_rows(name, texts)]
+    return [tensor_from_rows(name, answer.vectors)]
+
+
+def embedding_parameters(answer: EmbedAnswer) -> dict[str, Any]:
+    """The response parameters of an embedding answer: ``truncated`` (whether the model cut
+    any text), ``truncated_inputs`` (which, as comma-separated indices; "" when none) and
+    ``prompt_tokens`` (tokens used, prompts included), where known."""
+    parameters: dict[str, Any] = {}
+    if answer.truncated is not None:
+        parameters["truncated"] = any(answer.truncated)
+        parameters["truncated_inputs"] = ",".join(
+            str(index) for index, cut in enumerate(answer.truncated) if cut
+        )
+    if answer.tokens is not None:
+        parameters["prompt_tokens"] = answer.tokens
+    return parameters
+
+
+def token_plan_of(
+    deployment: Deployment, request: InferRequest, texts: list[Any]
+) -> EmbedPlan | None:
+    """The per-token plan of ``request`` when it asks for the per-token outputs (see
+    :mod:`batching.kserve.multivector`), its parameters read as embedding options; None
+    otherwise.
+
+    :raises InvalidRequest: per-token and pooled outputs asked at once, an unknown parameter,
+        or an option the model cannot apply to per-token vectors.
+    """
+    if not asks_tokens(deployment, request):
+        return None
+    options = {
+        key: value
+        for key, value in request.parameters.items()
+        if key not in TRITON_PARAMETERS and value is not None
+    }
+    return token_plan(
+        texts,
+        token_options(options, where="the request's parameters"),
+        deployment.metadata,
+        model=deployment.name,
+        truncate_default=deployment.config.truncate,
+    )
+
+
+def token_answer_tensors(request: InferRequest, answer: TokenAnswer) -> list[InferTensor]:
+    """The ragged tensors of a per-token answer, those the request named."""
+    return token_tensors(answer.outputs, [output.name for output in request.outputs])
+
+
+def token_answer_parameters(answer: TokenAnswer) -> dict[str, Any]:
+    """The response parameters of a per-token answer, as :func:`embedding_parameters` gives
+    them for pooled ones (which texts were cut, the tokens used)."""
+    return embedding_parameters(EmbedAnswer([], answer.truncated, answer.tokens))

@@ -20,6 +20,7 @@ def encode_infer_response(
     request_id: str | None,
     outputs: list[InferTensor],
     binary_outputs: set[str],
+    parameters: dict[str, Any] | None = None,
 ) -> tuple[bytes, int | None]:
     """Encode a v2 infer response.
 
@@ -42,15 +43,15 @@ def encode_infer_response(
             "datatype": tensor.datatype,
             "shape": [int(dim) for dim in tensor.shape],
         }
-        parameters = dict(tensor.parameters)
+        own = dict(tensor.parameters)
         if tensor.name in binary_outputs:
             raw = _binary_from_array(tensor.datatype, data)
-            parameters["binary_data_size"] = len(raw)
+            own["binary_data_size"] = len(raw)
             buffers.append(raw)
         else:
             entry["data"] = _json_from_array(tensor.name, tensor.datatype, data)
-        if parameters:
-            entry["parameters"] = parameters
+        if own:
+            entry["parameters"] = own
         entries.append(entry)
 
     response: dict[str, Any] = {"model_name": model_name}
@@ -58,6 +59,8 @@ def encode_infer_response(
         response["model_version"] = model_version
     if request_id is not None:
         response["id"] = request_id
+    if parameters:
+        response["parameters"] = parameters
     response["outputs"] = entries
     header = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
     if not any(tensor.name in binary_outputs for tensor in outputs):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import torch
 import transformers
 
 __all__ = [
+    "WEIGHTS_LOADING",
     "TokenCounter",
     "calibration_texts",
     "encode",
@@ -26,6 +28,12 @@ __all__ = [
     "to_numpy",
     "warmup_text",
 ]
+
+#: Held while transformers builds a model from its weights: ``from_pretrained`` is not
+#: thread-safe (while it builds a model it swaps how every ``nn.Module`` registers its
+#: parameters, to the meta device), so instances loading at once on their own threads would
+#: get each other's meta tensors ("Cannot copy out of meta tensor").
+WEIGHTS_LOADING = threading.Lock()
 
 # A tokenizer without a configured limit reports a huge sentinel as model_max_length.
 _NO_LIMIT = 1_000_000

@@ -110,10 +110,12 @@ class TokenVectors:
 @dataclass(frozen=True, slots=True)
 class SparseVector:
     """The output of an ``output="sparse"`` item: the non-zero entries of a vocabulary-sized
-    vector, ``indices`` int64 ascending and ``values`` float32, each ``[nnz]``."""
+    vector, ``indices`` int64 ascending and ``values`` float32, each ``[nnz]``; ``tokens``
+    the vocabulary entry of each index, when the model knows them."""
 
     indices: Any
     values: Any
+    tokens: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from transformers.pipelines.base import PipelineException
 from batching.errors import UnprocessableInput
 
 from ._torch import (
+    WEIGHTS_LOADING,
     TokenCounter,
     calibration_texts,
     encode,
@@ -142,9 +143,10 @@ class PipelineModel:
         before = resident_mb()
         # The task is a str checked against supported_tasks() at construction; transformers'
         # overloads only accept each task name as a literal (the implementation takes str).
-        pipe = transformers.pipeline(  # type: ignore[call-overload]
-            self.task, model=str(self.path), device=self._device, **kwargs
-        )
+        with WEIGHTS_LOADING:
+            pipe = transformers.pipeline(  # type: ignore[call-overload]
+                self.task, model=str(self.path), device=self._device, **kwargs
+            )
         pipe.model.eval()
         tokenizer = getattr(pipe, "tokenizer", None)
         if tokenizer is not None:

@@ -1,4 +1,5 @@
-"""Sentence embeddings the way sentence-transformers computes them, with plain transformers."""
+"""Sentence embeddings the way sentence-transformers computes them, with plain transformers:
+prompts, every pooling mode, compact encodings, per-token vectors, tokenize and decode."""
 
 from __future__ import annotations
 
@@ -10,15 +11,17 @@ import numpy as np
 import torch
 import transformers
 
+from batching.errors import UnprocessableInput
+
+from . import tokenizing
 from ._torch import (
+    WEIGHTS_LOADING,
     TokenCounter,
     calibration_texts,
     encode,
     encode_and_run,
     max_length_of,
-    mean_pool,
     read_json,
-    require_strings,
     resolve_device,
     to_numpy,
     warmup_text,
@@ -27,39 +30,59 @@ from .default import DEFAULT_MODEL_NAME, default_model_path
 from .engines.options import EngineOptions
 from .engines.plan import EnginePlan
 from .engines.selection import EngineJob, select_engine
+from .items import (
+    EMBEDDING_KEY,
+    ENCODINGS,
+    DecodeItem,
+    EmbedItem,
+    TokenizeItem,
+    TokenVectors,
+)
+from .pooling import LEGACY_POOLING_FLAGS, POOLING_MODES, pool
+from .prompts import PromptOptions, read_prompts
 from .protocol import warmup_batches
+from .quantize import CALIBRATION_COUNT, Calibration, calibration_sentences, quantize, shorten
 
 __all__ = ["SentenceEmbedder"]
 
-# Pooling modes in the order sentence-transformers concatenates the legacy boolean flags.
-_LEGACY_POOLING_FLAGS: dict[str, str] = {
-    "pooling_mode_cls_token": "cls",
-    "pooling_mode_max_tokens": "max",
-    "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
-    "pooling_mode_weightedmean_tokens": "weightedmean",
-    "pooling_mode_lasttoken": "lasttoken",
-}
-_SUPPORTED_POOLING = ("cls", "max", "mean", "mean_sqrt_len_tokens")
+#: The calibration texts are embedded this many at a time.
+_CALIBRATION_BATCH = 32
+#: Prompt lengths remembered (prompts come from the folder's list and the operator's default,
+#: so a handful; the bound only keeps a stream of distinct prompts from growing the cache).
+_PROMPT_CACHE = 256
 
 
 class SentenceEmbedder:
     """Sentence embeddings from a sentence-transformers folder, computed with plain transformers.
 
     Reproduces sentence-transformers' ``encode`` for folders made of a Transformer, a Pooling
-    and optionally a Normalize module: tokenise with truncation at ``max_seq_length``, run the
-    encoder, pool (mean, cls, max or mean_sqrt_len_tokens, as ``1_Pooling/config.json`` says),
-    then L2-normalise when ``modules.json`` lists Normalize. A folder without ``modules.json``
-    is pooled with its pooling config (mean if none) and normalised, since unit vectors are
-    what cosine search expects. Folders with other modules (Dense, ...) are refused rather than
-    served with silently different vectors.
+    and optionally a Normalize module: prepend the prompt, tokenise with truncation at
+    ``max_seq_length``, run the encoder, pool (every mode ``1_Pooling/config.json`` may name:
+    mean, cls, max, mean_sqrt_len_tokens, weightedmean, lasttoken; with the tokenizer's
+    padding side, left for decoder embedders; prompt tokens left out when the folder says
+    ``include_prompt: false``), then L2-normalise when ``modules.json`` lists Normalize. A
+    folder without ``modules.json`` is pooled with its pooling config (mean if none) and
+    normalised, since unit vectors are what cosine search expects. Folders with other modules
+    (Dense, ...) are refused rather than served with silently different vectors.
 
-    ``predict(list[str])`` returns a float32 array of shape ``(n, dim)``.
+    Prompts come from ``config_sentence_transformers.json``; the effective default (the
+    folder's ``default_prompt_name``, unless ``prompt`` overrides it) is prepended to every
+    plain ``str`` item, as ``encode`` prepends it. :class:`EmbedItem` items are applied as
+    they say (their prompt, never the default; left truncation; per-token vectors;
+    ``dimensions``; compact encodings with int8/uint8 ranges calibrated at load, see
+    :mod:`batching.models.quantize`); :class:`TokenizeItem` and :class:`DecodeItem` items are
+    answered by the tokenizer.
+
+    ``predict(list[str])`` returns a float32 array of shape ``(n, dim)``; a batch holding
+    other items returns one output per item (a 1-D array, :class:`TokenVectors`,
+    :class:`Tokens` or ``str``).
 
     :param path: the model folder; ``None`` means the bundled all-MiniLM-L6-v2.
     :param max_seq_length: truncation length in tokens, overriding ``sentence_bert_config.json``.
     :param engine: what runs the encoder (:mod:`batching.models.engines`); tokenisation,
         pooling and normalisation stay the same whatever runs it. None: torch, fp32.
+    :param prompt: the operator's default prompt (``--default-prompt-name`` or
+        ``--default-prompt``), overriding the folder's.
     """
 
     def __init__(
@@ -67,6 +90,7 @@ class SentenceEmbedder:
         path: str | os.PathLike[str] | None = None,
         max_seq_length: int | None = None,
         engine: EngineOptions | None = None,
+        prompt: PromptOptions | None = None,
     ) -> None:
         if path is None:
             self.path = default_model_path()
@@ -86,11 +110,15 @@ class SentenceEmbedder:
         # None until known: resolved against the tokenizer on first use, as
         # sentence-transformers does when its config names no length.
         self._max_seq_length: int | None = max_seq_length or st_config.get("max_seq_length")
+        self.prompts = read_prompts(self.path, prompt, self.name)
+        self._default_prompt = self.prompts.default
 
         pooling_dir, self.normalize = self._read_modules()
         pooling_path = self.path / pooling_dir / "config.json"
         pooling = read_json(pooling_path) if pooling_path.is_file() else {}
         self.pooling_modes = self._pooling_modes(pooling)
+        # False: prompt tokens are left out of pooling (instruction models such as INSTRUCTOR).
+        self.include_prompt = bool(pooling.get("include_prompt", True))
         width = pooling.get("word_embedding_dimension") or pooling.get("embedding_dimension")
         if not isinstance(width, int):
             width = self._config.get("hidden_size") or self._config.get("d_model")
@@ -101,6 +129,8 @@ class SentenceEmbedder:
         self._model: EnginePlan | None = None
         self._tokenizer: Any = None
         self._counter: TokenCounter | None = None
+        self._quantization: Calibration | None = None
+        self._prompt_lengths: dict[str, int] = {}
 
     def _read_modules(self) -> tuple[str, bool]:
         """Where the pooling config lives, and whether outputs are normalised."""
@@ -128,13 +158,13 @@ class SentenceEmbedder:
         elif isinstance(mode, list | tuple):
             modes = tuple(mode)
         else:
-            modes = tuple(m for key, m in _LEGACY_POOLING_FLAGS.items() if pooling.get(key))
+            modes = tuple(m for key, m in LEGACY_POOLING_FLAGS.items() if pooling.get(key))
         modes = modes or ("mean",)
-        unsupported = [m for m in modes if m not in _SUPPORTED_POOLING]
+        unsupported = [m for m in modes if m not in POOLING_MODES]
         if unsupported:
             raise ValueError(
                 f"{self.path}: pooling {unsupported} is not supported; "
-                f"supported: {', '.join(_SUPPORTED_POOLING)}"
+                f"supported: {', '.join(POOLING_MODES)}"
             )
         return modes
 
@@ -171,9 +201,26 @@ class SentenceEmbedder:
                 sample=self._sample,
             )
         )
+        self._quantization = Calibration(self._calibration_vectors(), self.normalize)
+
+    def _calibration_vectors(self) -> np.ndarray:
+        """The chosen engine's vectors of the calibration texts (for the int8/uint8 ranges),
+        run shortest first so that each batch pads little."""
+        texts = calibration_sentences()
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        ran = np.concatenate(
+            [
+                self.predict([texts[i] for i in order[start : start + _CALIBRATION_BATCH]])
+                for start in range(0, len(order), _CALIBRATION_BATCH)
+            ]
+        )
+        vectors = np.empty_like(ran)
+        vectors[order] = ran
+        return vectors
 
     def _load_encoder(self) -> Any:
-        model = transformers.AutoModel.from_pretrained(str(self.path))
+        with WEIGHTS_LOADING:
+            model = transformers.AutoModel.from_pretrained(str(self.path))
         model.eval()
         return model.to(self._device)
 
@@ -182,7 +229,7 @@ class SentenceEmbedder:
         return encode(self._tokenizer, texts, self.max_seq_length, self._device)
 
     def _calibration(self) -> list[Any]:
-        texts = calibration_texts(self.max_seq_length)
+        texts = calibration_texts(self.max_seq_length, self._default_prompt)
         return [self._encode(texts), self._encode(texts[-1:])]
 
     def _sample(self, size: int) -> Any:
@@ -190,59 +237,182 @@ class SentenceEmbedder:
 
     def _view(self, hidden: torch.Tensor, encoded: Any) -> np.ndarray:
         with torch.inference_mode():
-            return to_numpy(self._vectors(hidden, encoded["attention_mask"]))
+            return to_numpy(self._vectors(hidden, encoded["attention_mask"], None))
 
-    def predict(self, inputs: list[str]) -> np.ndarray:
+    def predict(self, inputs: list[Any]) -> Any:
         if self._model is None:
             raise RuntimeError("SentenceEmbedder.predict called before load()")
-        require_strings(inputs)
+        if not all(isinstance(item, str) for item in inputs):
+            return self._predict_items(inputs)
         if not inputs:
             return np.zeros((0, max(self.dimension, 0)), dtype=np.float32)
-        texts = [text.lower() for text in inputs] if self._lowercase else inputs
+        prompt = self._default_prompt
+        texts = [prompt + text for text in inputs] if prompt else inputs
+        texts = [text.lower() for text in texts] if self._lowercase else texts
         with torch.inference_mode():
             hidden, mask = encode_and_run(
                 self._tokenizer, self._model, texts, self.max_seq_length, self._device
             )
-            pooled = self._vectors(hidden, mask)
+            lengths = None
+            if prompt and not self.include_prompt:
+                lengths = self._prompt_lengths_of([prompt] * len(texts))
+            pooled = self._vectors(hidden, mask, lengths)
         return to_numpy(pooled)
 
-    def _vectors(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        pooled = self._pool(hidden, mask)
+    def _predict_items(self, inputs: list[Any]) -> list[Any]:
+        """One output per item, for a batch holding option items (or anything but a str)."""
+        outputs: list[Any] = [None] * len(inputs)
+        rows: list[tuple[int, EmbedItem]] = []
+        for index, item in enumerate(inputs):
+            if isinstance(item, str):
+                rows.append((index, EmbedItem(item, prompt=self._default_prompt)))
+            elif isinstance(item, EmbedItem):
+                self._check(item)
+                rows.append((index, item))
+            elif isinstance(item, TokenizeItem):
+                outputs[index] = tokenizing.tokenize(self._tokenizer, item, self._lowercase)
+            elif isinstance(item, DecodeItem):
+                outputs[index] = tokenizing.decode(self._tokenizer, item)
+            else:
+                raise TypeError(
+                    f"input {index} is {type(item).__name__}, expected a string or an item"
+                )
+        if rows:
+            for (index, _), output in zip(
+                rows, self._embed([item for _, item in rows]), strict=True
+            ):
+                outputs[index] = output
+        return outputs
+
+    def _check(self, item: EmbedItem) -> None:
+        if item.output not in ("dense", "tokens"):
+            raise UnprocessableInput(
+                f"{self.name} returns dense or tokens outputs, not {item.output}"
+            )
+        if item.output == "tokens" and (item.dimensions is not None or item.encoding != "float"):
+            raise UnprocessableInput(
+                "per-token vectors are float32 of the model's full width: dimensions and "
+                "compact encodings apply to dense vectors only"
+            )
+        if item.encoding not in ENCODINGS:
+            raise UnprocessableInput(
+                f"encoding {item.encoding!r} is not one of {', '.join(ENCODINGS)}"
+            )
+        if item.dimensions is not None and not 0 < item.dimensions <= self.dimension:
+            raise UnprocessableInput(
+                f"dimensions must be between 1 and {self.dimension}, not {item.dimensions}"
+            )
+
+    def _embed(self, items: list[EmbedItem]) -> list[Any]:
+        assert self._model is not None
+        texts = [item.prompt + item.text for item in items]
+        texts = [text.lower() for text in texts] if self._lowercase else texts
+        prompts = [item.prompt for item in items]
+        needs_lengths = not self.include_prompt or any(item.truncate_left for item in items)
+        lengths = self._prompt_lengths_of(prompts) if needs_lengths else None
+        with torch.inference_mode():
+            encoded = self._encode_items(items, texts, lengths)
+            hidden = self._model(encoded)
+            mask = encoded["attention_mask"]
+            pooled = to_numpy(self._vectors(hidden, mask, lengths))
+            outputs: list[Any] = []
+            for row, item in enumerate(items):
+                if item.output == "tokens":
+                    real = mask[row].bool()
+                    ids = encoded["input_ids"][row][real].to("cpu", torch.int64).numpy()
+                    vectors = np.array(to_numpy(hidden[row][real]), dtype=np.float32)
+                    outputs.append(TokenVectors(ids=ids, vectors=vectors))
+                else:
+                    outputs.append(self._dense(pooled[row], item))
+        return outputs
+
+    def _encode_items(
+        self, items: list[EmbedItem], texts: list[str], lengths: torch.Tensor | None
+    ) -> Any:
+        """The batch, padded; each text cut at the end it asks for."""
+        if not any(item.truncate_left for item in items):
+            return encode(self._tokenizer, texts, self.max_seq_length, self._device)
+        tokenizer, limit = self._tokenizer, self.max_seq_length
+        assert lengths is not None
+        rows: list[Any] = [None] * len(items)
+        left = [i for i, item in enumerate(items) if item.truncate_left]
+        right = [i for i, item in enumerate(items) if not item.truncate_left]
+        cut = tokenizing.encode_left(
+            tokenizer, [texts[i] for i in left], [int(lengths[i]) for i in left], limit
+        )
+        for i, row in zip(left, cut, strict=True):
+            rows[i] = row
+        if right:
+            encoded = tokenizer(
+                [texts[i] for i in right], truncation=True, max_length=limit, verbose=False
+            )
+            for n, i in enumerate(right):
+                rows[i] = {key: list(values[n]) for key, values in encoded.items()}
+        padded = tokenizer.pad(rows, padding=True, return_tensors="pt")
+        return padded.to(self._device) if self._device.type != "cpu" else padded
+
+    def _dense(self, vector: np.ndarray, item: EmbedItem) -> np.ndarray:
+        vector = shorten(vector, item.dimensions, self.normalize)
+        if item.encoding in ("int8", "uint8"):
+            return quantize(vector, item.encoding, self.quantization_ranges(item.dimensions))
+        return quantize(vector, item.encoding)
+
+    def quantization_ranges(self, dimensions: int | None = None) -> np.ndarray | None:
+        """The int8/uint8 ranges ``[2, width]`` for vectors of ``dimensions`` (all when None),
+        calibrated at load; None before."""
+        quantization = self._quantization
+        return None if quantization is None else quantization.ranges(dimensions)
+
+    def _prompt_lengths_of(self, prompts: list[str]) -> torch.Tensor:
+        """Per row, the tokens its prompt takes (sentence-transformers' prompt length)."""
+        known = self._prompt_lengths
+        if len(known) > _PROMPT_CACHE:
+            known.clear()
+        for prompt in set(prompts) - known.keys():
+            text = prompt.lower() if self._lowercase else prompt
+            known[prompt] = tokenizing.prompt_length(self._tokenizer, text)
+        return torch.tensor([known[prompt] for prompt in prompts], dtype=torch.int64)
+
+    def _vectors(
+        self, hidden: torch.Tensor, mask: torch.Tensor, prompt_lengths: torch.Tensor | None
+    ) -> torch.Tensor:
+        lengths = None if self.include_prompt else prompt_lengths
+        pooled = pool(hidden, mask, self.pooling_modes, lengths)
         if self.normalize:
             pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=1)
         return pooled
 
-    def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        vectors: list[torch.Tensor] = []
-        for mode in self.pooling_modes:
-            if mode == "mean":
-                vectors.append(mean_pool(hidden, mask))
-            elif mode == "mean_sqrt_len_tokens":
-                vectors.append(mean_pool(hidden, mask, sqrt_len=True))
-            elif mode == "cls":
-                # The first real token: index 0 with right padding, later with left padding.
-                first = mask.to(torch.int32).argmax(dim=1)
-                vectors.append(hidden[torch.arange(hidden.shape[0], device=hidden.device), first])
-            else:  # max
-                padding = (mask == 0).unsqueeze(-1)
-                vectors.append(hidden.masked_fill(padding, float("-inf")).max(dim=1).values)
-        return vectors[0] if len(vectors) == 1 else torch.cat(vectors, dim=-1)
+    def _text(self, item: Any) -> str | None:
+        """What ``item`` tokenises to (prompt included), lower-cased as the model reads it."""
+        if isinstance(item, str):
+            text = self._default_prompt + item if self._default_prompt else item
+        elif isinstance(item, EmbedItem | TokenizeItem):
+            text = item.prompt + item.text
+        else:
+            return None
+        return text.lower() if self._lowercase else text
 
-    def count_tokens(self, text: str) -> int:
-        """Tokens ``text`` costs in a batch, special tokens included, capped at the max length."""
-        counter = self._token_counter()
-        return counter.count(text.lower() if self._lowercase else text)
+    def count_tokens(self, item: Any) -> int:
+        """Tokens ``item`` costs in a batch (its prompt and special tokens included), capped at
+        the max length; a :class:`DecodeItem` costs its ids."""
+        text = self._text(item)
+        if text is None:
+            return max(1, min(len(getattr(item, "ids", ())), self.max_seq_length))
+        return self._token_counter().count(text)
 
-    def token_length(self, text: str, limit: int) -> int:
-        """Tokens ``text`` has before truncation, special tokens included, counted no further
-        than ``limit``."""
-        counter = self._token_counter()
-        return counter.length(text.lower() if self._lowercase else text, limit)
+    def token_length(self, item: Any, limit: int) -> int:
+        """Tokens ``item`` has before truncation (prompt and special tokens included), counted
+        no further than ``limit``."""
+        text = self._text(item)
+        if text is None:
+            return min(len(getattr(item, "ids", ())), limit)
+        return self._token_counter().length(text, limit)
 
     def warmup_inputs(self, max_batch_size: int) -> list[list[str]]:
         return warmup_batches(warmup_text(self.max_seq_length), max_batch_size)
 
     def metadata(self) -> dict[str, Any]:
+        quantization = self._quantization
         return {
             "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
             "outputs": [
@@ -254,5 +424,22 @@ class SentenceEmbedder:
                     "normalized": self.normalize,
                 }
             ],
+            EMBEDDING_KEY: {
+                "prompts": dict(self.prompts.prompts),
+                "default_prompt_name": self.prompts.default_name,
+                "default_prompt": self.prompts.default,
+                "max_seq_length": self.max_seq_length,
+                "normalized": self.normalize,
+                "outputs": ["dense", "tokens"],
+                "encodings": list(ENCODINGS),
+                "quantization_ranges": None if quantization is None else quantization.describe(),
+                "calibration_texts": CALIBRATION_COUNT,
+                "truncation_directions": ["right", "left"],
+                "tokenize": True,
+                # What /decode checks ids against, and the width of a per-token vector (the
+                # encoder's, before pooling).
+                "vocab_size": None if self._tokenizer is None else len(self._tokenizer),
+                "token_dimension": self._config.get("hidden_size") or self._config.get("d_model"),
+            },
             **({"engine": self._model.describe()} if self._model is not None else {}),
         }

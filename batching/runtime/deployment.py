@@ -126,6 +126,9 @@ class Deployment:
         #: loaded; until then ``python`` for your own class, ``pytorch`` for the others.
         self.platform = "python" if config.model_source.kind == "class" else "pytorch"
         self.load_error: str | None = None
+        #: The class of the exception in :attr:`load_error`: all an answer may say of it
+        #: (its text may hold paths; it goes to the log and the start-up error line).
+        self.load_error_class: str | None = None
         self.warmup_s: list[float] = []
         self._factory = factory
         self._instance_factory: InstanceFactory | None = instance_factory
@@ -170,12 +173,13 @@ class Deployment:
             )
         return counter
 
-    async def tokens_of(self, inputs: list[Any]) -> list[int] | None:
-        """Each input's token count, or None when the model is not batched by tokens."""
+    async def tokens_of(self, inputs: list[Any], *, offload: bool = False) -> list[int] | None:
+        """Each input's token count, or None when the model is not batched by tokens; on a
+        worker thread when ``offload`` or when there are many inputs."""
         counter = self.count_tokens
         if counter is None:
             return None
-        if len(inputs) <= 16:
+        if len(inputs) <= 16 and not offload:
             return [counter(item) for item in inputs]
         # Tokenizing a large request would hold up every other request on the loop.
         return await asyncio.to_thread(lambda: [counter(item) for item in inputs])
@@ -223,6 +227,7 @@ class Deployment:
             except Exception as exc:
                 instance.close()
                 self.load_error = f"{type(exc).__name__}: {exc}"
+                self.load_error_class = type(exc).__name__
                 logger.error("model %s instance %d failed to load: %s", self.name, index, exc)
                 if self._on_load_failure is not None:
                     self._on_load_failure(self, index, self.load_error)

@@ -6,17 +6,21 @@ import argparse
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from batching.config import BatchingConfig, ModelConfig
 from batching.http.connections import ConnectionLimits
+from batching.keys import ApiKeyError, ApiKeys, split_keys
 from batching.models.engines.options import (
     ENGINES,
     PRECISIONS,
     EngineConfigError,
     default_cache_dir,
 )
+from batching.models.prompts import PromptConfigError
 from batching.models.source import ModelSource, ModelSourceError
 from batching.runtime.cpus import CpuBudget, read_cpu_budget
+from batching.tls import CLIENT_CERT_MODES, TlsConfig, TlsError, load_certificates
 
 from .repository import RepositoryError, load_repository
 
@@ -55,6 +59,14 @@ class ServerSettings:
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
     #: The glibc allocator settings server.py applies (``auto``, ``off``); see batching/memory.py.
     malloc: str = "auto"
+    #: TLS (and mutual TLS) on HTTP and gRPC alike; None: plaintext.
+    tls: TlsConfig | None = None
+    #: The API keys every door asks for (``--api-key``, ``--api-key-file``); None: no key.
+    api_keys: ApiKeys | None = None
+    #: Origins browsers may call from (``--cors-allow-origin``); none: CORS is off.
+    cors_allow_origins: tuple[str, ...] = ()
+    #: A second listener on ``host`` for ``/metrics`` and the probes; None: the main port.
+    metrics_port: int | None = None
 
 
 def torch_threads_for(models: Sequence[ModelConfig], cores: int, asked: str) -> int:
@@ -109,6 +121,52 @@ class _Parser(argparse.ArgumentParser):
             help=f"{help}{shown} [env {env}]",
         )
 
+    def repeated_flag(self, flag: str, *, help: str) -> None:
+        """A flag that may be given several times; its variable twin holds a comma list, used
+        only when the flag is not given."""
+        env = _env_name(flag)
+        self.add_argument(
+            flag,
+            action="append",
+            default=None,
+            help=f"{help} (repeatable) [env {env}, comma-separated]",
+        )
+
+
+def _repeated(given: list[str] | None, flag: str, environ: Mapping[str, str]) -> list[str]:
+    """The values of a repeatable flag: the flags given, else its variable's comma list."""
+    if given is not None:
+        return [value for text in given for value in split_keys(text)]
+    return split_keys(environ.get(_env_name(flag), ""))
+
+
+def _origin(origin: str) -> str:
+    """A CORS origin as browsers send it: ``scheme://host[:port]``, or ``*`` for any."""
+    if origin == "*":
+        return origin
+    parts = urlsplit(origin)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):
+        raise ValueError(
+            f"--cors-allow-origin: {origin!r} is not an origin (scheme://host[:port], or *)"
+        )
+    if parts.query or parts.fragment or "@" in parts.netloc:
+        raise ValueError(f"--cors-allow-origin: {origin!r} is not an origin")
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def _switch(environ: Mapping[str, str], flag: str) -> bool:
+    """An on/off flag's environment twin: 1/true/yes/on is on, 0/false/no/off/unset is off.
+
+    :raises SystemExit: any other value, naming the variable.
+    """
+    env = _env_name(flag)
+    value = environ.get(env, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise SystemExit(f"server.py: error: {env} must be 1 or 0 (true or false), not {value!r}")
+
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     """The ``server.py`` argument parser; defaults come from ``environ`` (``os.environ``)."""
@@ -136,7 +194,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     parser.flag(
         "--task",
         help="transformers pipeline task for a model folder (feature-extraction, "
-        "text-classification, fill-mask, ...)",
+        "text-classification, fill-mask, ...), or sparse-embedding (SPLADE, a masked LM)",
     )
     parser.flag("--name", help="the name clients use in URLs (default: from the model)")
     parser.flag(
@@ -242,8 +300,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         "--max-connections",
         default=limits.max_connections,
         type=int,
-        help="most open HTTP connections; a connection beyond it is answered 503 at once "
-        "and closed; 0: no cap",
+        help="most open connections on each port (HTTP and gRPC); an HTTP connection beyond it "
+        "is answered 503 at once and closed, a gRPC one is closed (UNAVAILABLE); "
+        "0: no cap",
     )
     parser.flag(
         "--max-header-bytes",
@@ -307,10 +366,73 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="folder for exported engines and start-up measurements (default: "
         f"{default_cache_dir({})}, or under $XDG_CACHE_HOME)",
     )
+    parser.add_argument(
+        "--no-truncate",
+        action="store_true",
+        default=_switch(environ, "--no-truncate"),
+        help="embedding models: refuse (413) a text longer than the model's maximum length "
+        "instead of cutting it; a request's truncate: true still cuts "
+        f"[env {_env_name('--no-truncate')}=1]",
+    )
+    parser.flag(
+        "--default-prompt-name",
+        help="the prompt prepended to every text that names none: one of the folder's "
+        "config_sentence_transformers.json prompts, overriding its default_prompt_name "
+        "(exclusive with --default-prompt)",
+    )
+    parser.flag(
+        "--default-prompt",
+        help="a literal prompt prepended to every text that names none, overriding the "
+        "folder's default_prompt_name ('' for none; exclusive with --default-prompt-name)",
+    )
     parser.flag(
         "--torch-threads",
         default="auto",
         help="intra-op threads per instance; auto shares the cores out among the instances",
+    )
+    parser.flag(
+        "--ssl-certfile",
+        help="serve HTTP and gRPC over TLS with this PEM certificate chain (the server's "
+        "certificate first); re-read for new connections when it changes",
+    )
+    parser.flag(
+        "--ssl-keyfile",
+        help="the unencrypted PEM private key of --ssl-certfile (unset: it is in --ssl-certfile)",
+    )
+    parser.flag(
+        "--ssl-ca-certs",
+        help="PEM bundle of the CAs client certificates must be signed by (mutual TLS; "
+        "needs --ssl-client-cert required or optional)",
+    )
+    parser.flag(
+        "--ssl-client-cert",
+        default="none",
+        choices=CLIENT_CERT_MODES,
+        help="required: a client without a certificate signed by --ssl-ca-certs is refused; "
+        "optional: HTTP asks for one and verifies it if sent (gRPC cannot ask without "
+        "requiring: it takes every TLS client); none: no client certificates",
+    )
+    parser.repeated_flag(
+        "--api-key",
+        help="a key every door then asks for (HTTP Authorization: Bearer KEY or api-key: KEY; "
+        "gRPC metadata authorization: Bearer KEY), except the health probes and /metrics; "
+        "prefer --api-key-file, which ps does not show",
+    )
+    parser.flag(
+        "--api-key-file",
+        help="a file of keys, one per line (a mounted Kubernetes Secret): re-read when it "
+        "changes, so keys rotate without a restart; empty or unreadable at start is an error",
+    )
+    parser.repeated_flag(
+        "--cors-allow-origin",
+        help="an origin (https://app.example.com, or * for any) whose pages may call the "
+        "server from a browser; unset: CORS is off",
+    )
+    parser.flag(
+        "--metrics-port",
+        type=int,
+        help="serve /metrics (and the health probes) on this port of --host instead of the "
+        "main port, so it can be firewalled apart (default: /metrics on the main port)",
     )
     parser.flag("--log-level", default="info", help="debug, info, warning or error")
     parser.flag(
@@ -370,6 +492,19 @@ def parse_settings(
                 f"{', '.join(single)} cannot be combined with --model-repository: each model's "
                 "config.toml gives its own source, task and name"
             )
+    if args.model_repository:
+        prompts = {
+            "--default-prompt-name": args.default_prompt_name,
+            "--default-prompt": args.default_prompt,
+        }
+        set_prompts = [flag for flag, value in prompts.items() if value is not None]
+        if set_prompts:
+            parser.exit(
+                2,
+                f"{parser.prog}: error: {', '.join(set_prompts)} cannot be combined with "
+                "--model-repository: set default_prompt_name or default_prompt in each model's "
+                "config.toml\n",
+            )
     try:
         source = ModelSource.parse(args.model, args.task)
     except ModelSourceError as exc:
@@ -398,8 +533,13 @@ def parse_settings(
             engine=str(args.engine),
             precision=str(args.precision),
             engine_cache=args.engine_cache or None,
+            truncate=not args.no_truncate,
+            default_prompt_name=args.default_prompt_name,
+            default_prompt=args.default_prompt,
         )
     except EngineConfigError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    except PromptConfigError as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     except ValueError as exc:
         parser.error(str(exc))
@@ -410,6 +550,14 @@ def parse_settings(
         except RepositoryError as exc:
             # The message names the file and key; the usage text would only bury it.
             parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    try:
+        tls = TlsConfig.from_flags(
+            args.ssl_certfile, args.ssl_keyfile, args.ssl_ca_certs, str(args.ssl_client_cert)
+        )
+        if tls is not None:
+            load_certificates(tls)  # a missing file or a key that does not match: one line
+    except TlsError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     grpc_port = DEFAULT_GRPC_PORT if args.grpc_port is None else int(args.grpc_port)
     if not 0 <= grpc_port <= 65535:
         parser.error(f"--grpc-port must be a port number, or 0 to turn gRPC off: {grpc_port}")
@@ -431,6 +579,29 @@ def parse_settings(
         )
     except ValueError as exc:
         parser.error(str(exc))
+    keys = _repeated(args.api_key, "--api-key", environment)
+    api_keys = None
+    if keys or args.api_key_file:
+        try:
+            api_keys = ApiKeys(keys, args.api_key_file or None)
+        except ApiKeyError as exc:
+            # One line that names the flag (and the file), never a key.
+            parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    try:
+        origins = tuple(
+            _origin(origin)
+            for origin in _repeated(args.cors_allow_origin, "--cors-allow-origin", environment)
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    metrics_port = None if args.metrics_port is None else int(args.metrics_port)
+    if metrics_port is not None and not (
+        1 <= metrics_port <= 65535 and metrics_port not in (int(args.port), grpc_port)
+    ):
+        parser.error(
+            f"--metrics-port must be a port number other than --port and --grpc-port: "
+            f"{metrics_port}"
+        )
     return ServerSettings(
         host=str(args.host),
         port=int(args.port),
@@ -446,4 +617,8 @@ def parse_settings(
         cpu_budget=budget,
         connections=connections,
         malloc=str(args.malloc),
+        tls=tls,
+        api_keys=api_keys,
+        cors_allow_origins=origins,
+        metrics_port=metrics_port,
     )

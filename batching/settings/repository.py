@@ -49,6 +49,9 @@ _TOP_KEYS = (
     "warmup",
     "engine",
     "precision",
+    "truncate",
+    "default_prompt_name",
+    "default_prompt",
 )
 
 
@@ -111,6 +114,8 @@ def model_from_table(
     warmup_sizes, warmup_data, warmup_file = _warmup(top, base, folder, max_batch_size)
     engine = top.choice("engine", ENGINES, base.engine)
     precision = top.choice("precision", PRECISIONS, base.precision)
+    truncate = _truncate(top, base.truncate)
+    prompt_name, prompt = _prompt(top, base)
     top.finish(_TOP_KEYS)
     try:
         return ModelConfig(
@@ -128,9 +133,36 @@ def model_from_table(
             engine=engine,
             precision=precision,
             engine_cache=base.engine_cache,
+            truncate=truncate,
+            default_prompt_name=prompt_name,
+            default_prompt=prompt,
         )
     except ValueError as exc:  # cross-field rules the checks above do not cover
         raise RepositoryError(f"{file}: {path + ': ' if path else ''}{exc}") from exc
+
+
+def _truncate(top: Table, default: bool) -> bool:
+    """``truncate``: cut over-long texts (true) or refuse them with a 413 (false)."""
+    value = top.get("truncate")
+    if value is MISSING:
+        return default
+    if not isinstance(value, bool):
+        raise top.error("truncate", "must be true or false", value)
+    return value
+
+
+def _prompt(top: Table, base: ModelConfig) -> tuple[str | None, str | None]:
+    """``default_prompt_name`` and ``default_prompt`` (a table that sets one drops the other's
+    inherited value; setting both is refused when the model is configured)."""
+    name = top.string("default_prompt_name")
+    text = top.get("default_prompt")
+    if text is MISSING:
+        text = None
+    elif not isinstance(text, str):
+        raise top.error("default_prompt", "must be a string", text)
+    if name is None and text is None:
+        return base.default_prompt_name, base.default_prompt
+    return name, text
 
 
 def _source(top: Table, folder: Path, own_folder: bool) -> str | None:

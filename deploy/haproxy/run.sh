@@ -11,6 +11,10 @@
 #                     0 turns gRPC off. HAProxy balances HTTP only.
 #   --run-dir DIR     where the generated haproxy.cfg, the stats socket, the pid files, the
 #                     logs and Prometheus' targets file go (default: a new temporary folder)
+#   --tls-pem FILE    serve HTTPS on PORT: FILE holds the certificate chain and its private key
+#                     (HAProxy's crt format: cat server.pem server.key > front.pem). TLS ends at
+#                     HAProxy; it reaches the replicas on 127.0.0.1 in plain HTTP. kill -USR2
+#                     the pid in haproxy.pid reloads HAProxy, which re-reads FILE.
 #
 # HAProxy balances with leastconn, checks /v2/health/ready every second, and retries a
 # request that a replica shed with 503, or dropped (connection refused, or closed with no
@@ -29,9 +33,10 @@ PORT=8000
 HOST=127.0.0.1
 GRPC_BASE=""
 RUN_DIR=""
+TLS_PEM=""
 SERVER_FLAGS=()
 
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 while (($#)); do
     case "$1" in
@@ -40,6 +45,7 @@ while (($#)); do
         --host) HOST="$2"; shift 2 ;;
         --grpc-base) GRPC_BASE="$2"; shift 2 ;;
         --run-dir) RUN_DIR="$2"; shift 2 ;;
+        --tls-pem) TLS_PEM="$2"; shift 2 ;;
         --) shift; SERVER_FLAGS=("$@"); break ;;
         -h|--help) usage ;;
         *) echo "run.sh: unknown option $1 (server flags go after --)" >&2; usage ;;
@@ -49,6 +55,16 @@ done
 [[ "$REPLICAS" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --replicas must be >= 1" >&2; exit 2; }
 [[ "$PORT" =~ ^[0-9]+$ ]] || { echo "run.sh: --port must be a number" >&2; exit 2; }
 GRPC_BASE="${GRPC_BASE:-$((PORT + REPLICAS))}"
+if [[ -n "$TLS_PEM" ]]; then
+    [[ -r "$TLS_PEM" ]] || { echo "run.sh: --tls-pem $TLS_PEM: cannot read it" >&2; exit 2; }
+    TLS_PEM="$(cd "$(dirname "$TLS_PEM")" && pwd)/$(basename "$TLS_PEM")"
+fi
+for flag in "${SERVER_FLAGS[@]}"; do
+    if [[ "$flag" == --ssl-* ]]; then
+        echo "run.sh: $flag: the replicas serve plain HTTP on 127.0.0.1 behind HAProxy; give HAProxy the certificate with --tls-pem" >&2
+        exit 2
+    fi
+done
 
 if ! command -v "$HAPROXY" >/dev/null 2>&1; then
     echo "run.sh: haproxy is not installed. On Debian or Ubuntu: sudo apt-get install -y haproxy" >&2
@@ -89,7 +105,7 @@ defaults
     option redispatch 1
 
 frontend fleet
-    bind $HOST:$PORT
+    bind $HOST:$PORT${TLS_PEM:+ ssl crt $TLS_PEM alpn http/1.1}
     default_backend replicas
 
 backend replicas
@@ -146,7 +162,7 @@ done
 "$HAPROXY" -W -db -f "$CFG" >>"$RUN_DIR/haproxy.log" 2>&1 &
 HAPROXY_PID=$!
 echo "$HAPROXY_PID" >"$RUN_DIR/haproxy.pid"
-echo "run.sh: HAProxy on $HOST:$PORT, $REPLICAS replicas on 127.0.0.1:$((PORT + 1))..$((PORT + REPLICAS)); files in $RUN_DIR" >&2
+echo "run.sh: HAProxy on $HOST:$PORT${TLS_PEM:+ (TLS)}, $REPLICAS replicas on 127.0.0.1:$((PORT + 1))..$((PORT + REPLICAS)); files in $RUN_DIR" >&2
 
 STOPPING=0
 stop_all() {

@@ -76,6 +76,7 @@ class Fleet:
     :param replicas: replicas behind HAProxy.
     :param server_flags: ``server.py`` flags for every replica.
     :param run_dir: run.sh's files (config, stats socket, pid files, logs).
+    :param tls_pem: run.sh's ``--tls-pem``: HAProxy serves HTTPS on its port with this PEM.
     """
 
     def __init__(
@@ -86,12 +87,13 @@ class Fleet:
         *,
         env: dict[str, str] | None = None,
         ready_timeout: float = 120.0,
+        tls_pem: Path | None = None,
     ) -> None:
         require_haproxy()
         self.replicas = replicas
         self.run_dir = run_dir
         self.port = free_port_block(2 * replicas + 1)
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'http' if tls_pem is None else 'https'}://127.0.0.1:{self.port}"
         self.argv = [
             "bash",
             str(RUN_SH),
@@ -101,6 +103,7 @@ class Fleet:
             str(self.port),
             "--run-dir",
             str(run_dir),
+            *([] if tls_pem is None else ["--tls-pem", str(tls_pem)]),
             "--",
             *server_flags,
         ]

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import transformers
 
+from .._torch import WEIGHTS_LOADING
+
 __all__ = ["FUSED", "HEADS", "PLAIN", "export_onnx"]
 
 PLAIN = "model.onnx"
@@ -101,7 +103,8 @@ def export_onnx(model_folder: Path, head: str, names: Sequence[str], out: Path) 
     """
     loader = HEADS[head]
     with _quiet():
-        model = loader.from_pretrained(str(model_folder), attn_implementation="eager")
+        with WEIGHTS_LOADING:
+            model = loader.from_pretrained(str(model_folder), attn_implementation="eager")
         model.eval()
         config = model.config
         wrapped = _Outputs(model, names).eval()

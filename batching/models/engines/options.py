@@ -31,7 +31,7 @@ ENGINES = ("auto", "torch", "onnxruntime", "openvino")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 #: The pipeline tasks whose models can run on another engine than torch (the sentence
 #: embedder counts as feature-extraction).
-ENGINE_TASKS = ("feature-extraction", "text-classification", "fill-mask")
+ENGINE_TASKS = ("feature-extraction", "text-classification", "fill-mask", "sparse-embedding")
 
 #: transformers' other names for those tasks.
 _ALIASES = {"sentiment-analysis": "text-classification"}

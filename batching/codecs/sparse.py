@@ -1,0 +1,284 @@
+"""The ``POST /embed_sparse`` body, as text-embeddings-inference (TEI) takes and answers it.
+
+Request: ``{"inputs": str | [str], "model"?: name, "return_tokens"?: bool}`` and the
+embedding options every door reads with the shared parser
+(:mod:`batching.codecs.embed_options`) that apply to a sparse vector: ``prompt_name`` (or
+``input_type``), ``truncate``, ``truncation_direction``. Any other key is a 400, as is an
+option of the wrong type, ``dimensions`` or a non-float ``encoding``, or a prompt name the
+model does not have: an option the server would not apply is never silently ignored.
+
+Answer: per text, the non-zero entries of its sparse vector, ``[{"index": i, "value": v}]``
+with ``"token"`` (the vocabulary entry) when ``return_tokens`` is true; indices ascending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from batching.errors import InvalidRequest, PayloadTooLarge
+from batching.models.items import EMBEDDING_KEY, EmbedItem, SparseVector
+from batching.runtime.deployment import Deployment
+from batching.service import DataPlane
+
+from .embed_options import INPUT_TYPE_ALIASES, OptionError, TextTooLong, read_options
+from .plain import check_texts
+
+__all__ = [
+    "KEYS",
+    "check_truncation",
+    "OPTIONS",
+    "max_length_of",
+    "options_request",
+    "refuse_overlong",
+    "SparseRequest",
+    "check_lengths",
+    "encode_sparse",
+    "parse_sparse_request",
+    "serves_sparse",
+    "sparse_items",
+]
+
+#: The options that change how a sparse vector is computed (also v2 request parameters).
+OPTIONS = ("prompt_name", "input_type", "truncate", "truncation_direction")
+#: The body's own fields, beside the options.
+_FIELDS = ("inputs", "model", "return_tokens")
+#: Every key the body may hold.
+KEYS = (*_FIELDS, *OPTIONS)
+
+
+@dataclass(frozen=True, slots=True)
+class SparseRequest:
+    """A parsed ``/embed_sparse`` body.
+
+    :param truncate: cut texts over the model's max length; False: such a text is a 413;
+        None: the server's default (``--no-truncate`` makes it False).
+    """
+
+    texts: list[str]
+    model: str | None = None
+    truncate: bool | None = None
+    truncate_left: bool = False
+    prompt_name: str | None = None
+    input_type: str | None = None
+    return_tokens: bool = False
+
+
+def _flag(document: Mapping[str, Any], key: str) -> bool:
+    value = document.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise OptionError(f"{key} must be true or false, not {value!r}", param=key)
+    return value
+
+
+def parse_sparse_request(body: bytes) -> SparseRequest:
+    """Parse and check a body (the prompt name is checked against the model later).
+
+    :raises InvalidRequest: not a JSON object, unknown keys, missing or empty ``inputs``,
+        options of the wrong type or value, an option sparse vectors have no use for.
+    :raises UnprocessableInput: an input that is not a string.
+    """
+    if not body.strip():
+        raise InvalidRequest('the request body is empty: send JSON {"inputs": ["text", ...]}')
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise InvalidRequest('the JSON body must be an object like {"inputs": ["text", ...]}')
+    if "inputs" not in document or document["inputs"] is None:
+        raise InvalidRequest('the JSON body has no "inputs"')
+    inputs = document["inputs"]
+    texts = inputs if isinstance(inputs, list) else [inputs]
+    if not texts:
+        raise InvalidRequest('"inputs" is an empty list')
+    model = document.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise InvalidRequest('"model" must be the name of a served model')
+    return options_request(
+        check_texts(texts),
+        document,
+        where="the request",
+        ignore=_FIELDS,
+        model=model,
+        return_tokens=_flag(document, "return_tokens"),
+    )
+
+
+def options_request(
+    texts: list[Any],
+    options: Mapping[str, Any],
+    *,
+    where: str,
+    ignore: Iterable[str] = (),
+    model: str | None = None,
+    return_tokens: bool = False,
+) -> SparseRequest:
+    """``texts`` with the embedding options of ``options``, read by the shared option parser
+    (:func:`~batching.codecs.embed_options.read_options`): the body of ``/embed_sparse``, or
+    a v2 request's parameters.
+
+    :param ignore: keys of ``options`` that are not options (the door's own fields).
+    :raises InvalidRequest: an unknown option, a wrong value, or ``dimensions`` or an
+        ``encoding`` other than float (a sparse vector has neither).
+    """
+    read = read_options(options, where=where, ignore=ignore)
+    if read.dimensions is not None:
+        raise OptionError(
+            "dimensions does not apply to sparse vectors: they keep their non-zero entries",
+            param="dimensions",
+        )
+    if read.encoding != "float" or read.base64:
+        raise OptionError(
+            "encoding does not apply to sparse vectors: their values are float",
+            param="encoding",
+        )
+    return SparseRequest(
+        texts=texts,
+        model=model,
+        truncate=read.truncate,
+        truncate_left=read.truncation_direction == "left",
+        prompt_name=read.prompt_name,
+        input_type=read.input_type,
+        return_tokens=return_tokens,
+    )
+
+
+def _prompt(request: SparseRequest, info: Mapping[str, Any]) -> str | None:
+    """The prompt ``prompt_name`` or ``input_type`` picks (as for dense embeddings), or None
+    for the model's default."""
+    prompts = info.get("prompts") or {}
+    if not isinstance(prompts, Mapping):
+        prompts = {}
+    known = ", ".join(repr(name) for name in prompts) or "none"
+    chosen = request.prompt_name
+    if chosen is not None and chosen not in prompts:
+        raise OptionError(
+            f"unknown prompt_name {chosen!r}; this model's prompts: {known}", param="prompt_name"
+        )
+    if request.input_type is not None:
+        candidates = (request.input_type, *INPUT_TYPE_ALIASES.get(request.input_type, ()))
+        by_type = next((name for name in candidates if name in prompts), None)
+        if by_type is None:
+            raise OptionError(
+                f"no prompt for input_type {request.input_type!r}; this model's prompts: {known}",
+                param="input_type",
+            )
+        if chosen is not None and chosen != by_type:
+            raise OptionError(
+                f"prompt_name {chosen!r} and input_type {request.input_type!r} choose different "
+                "prompts; send one of them",
+                param="input_type",
+            )
+        chosen = by_type
+    return None if chosen is None else str(prompts[chosen])
+
+
+def serves_sparse(metadata: Mapping[str, Any]) -> bool:
+    """Whether a model's metadata says it returns sparse vectors (``"sparse"`` among its
+    ``"embedding"`` outputs)."""
+    described = metadata.get(EMBEDDING_KEY)
+    outputs = described.get("outputs") if isinstance(described, Mapping) else None
+    return isinstance(outputs, list | tuple) and "sparse" in outputs
+
+
+def sparse_items(request: SparseRequest, metadata: Mapping[str, Any]) -> list[Any]:
+    """The items to queue: plain texts when the request sets no option the model must apply
+    (it then adds its default prompt), else :class:`EmbedItem` with the prompt resolved.
+
+    :raises InvalidRequest: a prompt name (or input type) the model has no prompt for.
+    """
+    described = metadata.get(EMBEDDING_KEY)
+    info: Mapping[str, Any] = described if isinstance(described, Mapping) else {}
+    prompt = _prompt(request, info)
+    if prompt is None and not request.truncate_left:
+        return list(request.texts)
+    if prompt is None:
+        prompt = str(info.get("default_prompt") or "")
+    return [
+        EmbedItem(text, prompt=prompt, truncate_left=request.truncate_left, output="sparse")
+        for text in request.texts
+    ]
+
+
+def check_lengths(lengths: list[int], max_length: int) -> None:
+    """With ``truncate: false``: refuse the first text over ``max_length`` tokens (prompt and
+    special tokens included).
+
+    :raises PayloadTooLarge: naming the text.
+    """
+    for index, length in enumerate(lengths):
+        if length > max_length:
+            raise TextTooLong(
+                f"inputs[{index}] has more than {max_length} tokens, this model's limit, and "
+                '"truncate" is false: send less text or set "truncate": true'
+            )
+
+
+def encode_sparse(vectors: list[SparseVector], return_tokens: bool) -> bytes:
+    """TEI's answer: per text, ``[{"index", "value"(, "token")}]`` of its non-zeros."""
+    answer: list[list[dict[str, Any]]] = []
+    for vector in vectors:
+        indices = vector.indices.tolist()
+        values = vector.values.tolist()
+        if return_tokens:
+            tokens = vector.tokens or ()
+            if len(tokens) != len(indices):
+                raise InvalidRequest(
+                    'this model does not name the tokens of its indices: leave out "return_tokens"'
+                )
+            answer.append(
+                [
+                    {"index": i, "value": v, "token": t}
+                    for i, v, t in zip(indices, values, tokens, strict=True)
+                ]
+            )
+        else:
+            answer.append([{"index": i, "value": v} for i, v in zip(indices, values, strict=True)])
+    return orjson.dumps(answer)
+
+
+def max_length_of(metadata: Mapping[str, Any]) -> int | None:
+    """The model's max length in tokens, as its ``"embedding"`` metadata says."""
+    described = metadata.get(EMBEDDING_KEY)
+    length = described.get("max_seq_length") if isinstance(described, Mapping) else None
+    return length if isinstance(length, int) and not isinstance(length, bool) else None
+
+
+async def check_truncation(
+    plane: DataPlane, deployment: Deployment, parameters: Mapping[str, Any], items: list[Any]
+) -> None:
+    """With the parameter ``truncate: false`` on a sparse model (or none, and the server's
+    ``--no-truncate``): refuse an item over its max length (prompt and special tokens
+    counted).
+
+    :raises PayloadTooLarge: naming the item.
+    """
+    if not serves_sparse(deployment.metadata):
+        return
+    asked = parameters.get("truncate")
+    if (deployment.config.truncate if asked is None else asked) is not False:
+        return
+    limit = max_length_of(deployment.metadata)
+    if limit is None:
+        return
+    counts = await plane.count_tokens(deployment, items, limit=limit + 1)
+    if counts.lengths is not None:
+        refuse_overlong(plane, deployment, counts.lengths, limit)
+
+
+def refuse_overlong(
+    plane: DataPlane, deployment: Deployment, lengths: list[int], limit: int
+) -> None:
+    """:func:`check_lengths`, counting a refusal as a refusal at the edge (``too_large``), as
+    a body over the limit is: the batcher never saw it."""
+    try:
+        check_lengths(lengths, limit)
+    except PayloadTooLarge:
+        plane.refused(deployment.name, "too_large")
+        raise

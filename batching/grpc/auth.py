@@ -1,0 +1,86 @@
+"""API keys on the gRPC door: a ``grpc.aio`` server interceptor in front of every RPC.
+
+When keys are set, every RPC needs one in its metadata (``authorization: Bearer KEY``, which
+tritonclient sends through its ``headers=`` argument, or ``api-key: KEY``) except the two health
+RPCs, ``ServerLive`` and ``ServerReady``, which stay open as ``/v2/health/live`` and
+``/v2/health/ready`` do on HTTP. A call without a valid key ends with ``UNAUTHENTICATED``
+(never ``UNAVAILABLE``, which clients and proxies retry) before the servicer runs and without
+parsing its request message: it costs no model time. The key is never logged or echoed; each
+refusal is counted (``on_refused``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any
+
+import grpc
+
+from batching.answers import answer_log
+from batching.keys import ApiKeys, credential_of
+
+__all__ = ["MESSAGE", "OPEN_METHODS", "ApiKeyInterceptor"]
+
+_SERVICE = "/inference.GRPCInferenceService/"
+
+#: RPCs that answer without a key: the health checks, as the HTTP probes.
+OPEN_METHODS = frozenset({_SERVICE + "ServerLive", _SERVICE + "ServerReady"})
+
+MESSAGE = "a valid API key is required: metadata authorization: Bearer KEY"
+
+
+async def _refuse_unary(request: Any, context: grpc.aio.ServicerContext) -> None:
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, MESSAGE)
+
+
+async def _refuse_stream(request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, MESSAGE)
+
+
+def _refusal(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A handler of the same kind as ``handler`` that aborts at once. No deserializer: the
+    request message is never parsed."""
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(_refuse_stream)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(_refuse_stream)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(_refuse_unary)
+    return grpc.unary_unary_rpc_method_handler(_refuse_unary)
+
+
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Ends every RPC outside ``open_methods`` that presents no key of ``keys`` with
+    ``UNAUTHENTICATED``; counts each refusal with ``on_refused``."""
+
+    def __init__(
+        self,
+        keys: ApiKeys,
+        open_methods: Collection[str] = OPEN_METHODS,
+        on_refused: Callable[[], None] | None = None,
+    ) -> None:
+        self.keys = keys
+        self.open_methods = frozenset(open_methods)
+        self.on_refused = on_refused
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[Any], Awaitable[grpc.RpcMethodHandler | None]],
+        handler_call_details: Any,
+    ) -> grpc.RpcMethodHandler | None:
+        method: str = handler_call_details.method
+        handler = await continuation(handler_call_details)
+        if method in self.open_methods:
+            return handler
+        metadata = handler_call_details.invocation_metadata or ()
+        pairs = (
+            (str(key).lower(), value if isinstance(value, str) else "") for key, value in metadata
+        )
+        if self.keys.accepts(credential_of(pairs)):
+            return handler
+        if self.on_refused is not None:
+            self.on_refused()
+        answer_log.answered(f"gRPC call {method}", 401, "no valid API key")
+        if handler is None:  # an unknown method: refused as any other, it reveals nothing
+            return grpc.unary_unary_rpc_method_handler(_refuse_unary)
+        return _refusal(handler)
