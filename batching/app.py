@@ -214,6 +214,7 @@ def create_app(
             handshake_timeout=limits.header_timeout,
             message_timeout=limits.body_timeout,
             idle_timeout=limits.keep_alive_timeout,
+            max_metadata_bytes=limits.max_header_bytes,
         )
         grpc_server = GrpcServer(
             plane,
