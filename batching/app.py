@@ -27,6 +27,7 @@ from batching.http.middleware import RequestIdMiddleware
 from batching.http.multivector import multivector_routes
 from batching.http.openai import openai_routes
 from batching.http.plain import plain_routes
+from batching.http.redirects import RelativeRedirectMiddleware
 from batching.http.rerank import rerank_routes
 from batching.http.sparse import sparse_routes
 from batching.http.tokens import token_routes
@@ -213,6 +214,7 @@ def create_app(
             handshake_timeout=limits.header_timeout,
             message_timeout=limits.body_timeout,
             idle_timeout=limits.keep_alive_timeout,
+            max_metadata_bytes=limits.max_header_bytes,
         )
         grpc_server = GrpcServer(
             plane,
@@ -301,6 +303,7 @@ def create_app(
     if metrics_port:
         app.add_middleware(ListenerRoutes, metrics_port=metrics_port)
     app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(RelativeRedirectMiddleware)
     if cors_allow_origins:
         # Outermost: a preflight (which never carries a key) is answered here, and a 401
         # still carries the CORS headers, so a browser can read why it was refused.

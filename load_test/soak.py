@@ -8,6 +8,8 @@ Client kinds, each a closed loop (one request at a time) on its own keep-alive c
 - ``mixed``: 1 to 1,024 texts of 2 to 256 words, drawn per request (the memory soak's mix),
   honouring Retry-After as ``polite`` clients do;
 - ``retry``: one text, and on a 503 the same request again *at once* (a retry storm);
+- ``reconnect``: as ``retry``, but each resend on a new connection (the 503's closed first),
+  as clients whose retry opens a fresh connection do;
 - ``polite``: one text, and on a 503 it waits what Retry-After says;
 - ``slow``: opens a connection, sends half a request line, then one more byte every
   ``--slow-interval`` s (slowloris); reconnects when the server closes it;
@@ -36,9 +38,11 @@ import psutil
 
 __all__ = ["KINDS", "Mix", "SoakResult", "mix_title", "plot_soak", "run_soak"]
 
-KINDS = ("small", "big", "mixed", "retry", "polite", "slow", "idle")
+KINDS = ("small", "big", "mixed", "retry", "reconnect", "polite", "slow", "idle")
 #: The kinds that send requests (and so have answers, goodput and latency).
-REQUESTING = ("small", "big", "mixed", "retry", "polite")
+REQUESTING = ("small", "big", "mixed", "retry", "reconnect", "polite")
+#: The kinds that resend a 503 at once.
+STORMING = ("retry", "reconnect")
 
 _WORDS = (
     "the quick brown fox jumps over a lazy dog while batching servers measure latency and "
@@ -54,6 +58,7 @@ class Mix:
     big: int = 1
     mixed: int = 0
     retry: int = 0
+    reconnect: int = 0
     polite: int = 0
     slow: int = 0
     idle: int = 0
@@ -207,8 +212,11 @@ class _Soak:
                     conn = None
                 now = loop.time()
                 self.result.records.append((kind, now, status, now - started, items))
-                if status == 503 and kind == "retry" and now < self.stop_at:
+                if status == 503 and kind in STORMING and now < self.stop_at:
                     started = now
+                    if kind == "reconnect" and conn is not None:
+                        conn[1].close()
+                        conn = None
                     continue  # at once: the storm
                 if status == 503 and kind in ("polite", "mixed"):
                     wait = float(headers.get("retry-after", "1") or 1)
@@ -296,6 +304,7 @@ class _Soak:
                 "items_per_s": round(sum(r[4] for r in ok) / span, 1),
                 "refused_per_s": round(sum(1 for r in mine if r[2] == 503) / span, 2),
                 "errors": sum(1 for r in mine if r[2] not in (200, 503)),
+                "timeouts_per_s": round(sum(1 for r in mine if r[2] == 504) / span, 2),
                 "p99_ms": None if p99 is None else round(1000 * p99, 1),
             }
         out["goodput_per_s"] = round(total_ok / span, 2)
@@ -348,6 +357,8 @@ def summary(result: SoakResult) -> dict[str, Any]:
             "requests": len(mine),
             "ok": len(ok),
             "refused": sum(1 for r in mine if r[2] == 503),
+            "timed_out": sum(1 for r in mine if r[2] == 504),
+            "errors": sum(1 for r in mine if r[2] not in (200, 503, 504)),
             "ok_per_s": round(len(ok) / span, 2),
             "items_per_s": round(sum(r[4] for r in ok) / span, 1),
             "p99_ms": None if p99 is None else round(1000 * p99, 1),
@@ -465,6 +476,7 @@ def add_parser(sub: Any) -> None:
         ("big", 1, "clients sending --big-items texts per request"),
         ("mixed", 0, "clients sending 1-1,024 texts of 2-256 words"),
         ("retry", 0, "one-text clients that retry a 503 at once"),
+        ("reconnect", 0, "one-text clients that retry a 503 at once on a new connection"),
         ("polite", 0, "one-text clients that wait Retry-After on a 503"),
         ("slow", 0, "slowloris connections (half a request line, a byte every interval)"),
         ("idle", 0, "connections that send nothing"),
@@ -485,6 +497,7 @@ def mix_of(args: Any) -> Mix:
         big=args.big,
         mixed=args.mixed,
         retry=args.retry,
+        reconnect=args.reconnect,
         polite=args.polite,
         slow=args.slow,
         idle=args.idle,

@@ -131,16 +131,44 @@ def test_a_different_request_on_the_same_connection_is_not_held() -> None:
         assert app.started[2][1] - app.answered[1] < HOLD
 
 
-def test_the_same_request_on_another_connection_is_not_held() -> None:
+def test_the_same_request_on_a_new_connection_from_the_same_address_is_held() -> None:
+    app = RefusingApp()
+    with running(app) as port:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as first:
+            assert post(first, "/refuse", b"same text") == 503
+        # A client that opens a new connection for its retry waits as on the same one.
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as second:
+            assert post(second, "/refuse", b"same text") == 503
+        assert app.started[1][1] - app.answered[0] >= HOLD * 0.99
+
+
+def test_the_same_request_from_another_address_is_not_held() -> None:
     app = RefusingApp()
     with (
         running(app) as port,
         socket.create_connection(("127.0.0.1", port), timeout=10) as first,
-        socket.create_connection(("127.0.0.1", port), timeout=10) as second,
+        socket.create_connection(
+            ("127.0.0.1", port), timeout=10, source_address=("127.0.0.2", 0)
+        ) as second,
     ):
         assert post(first, "/refuse", b"same text") == 503
-        assert post(second, "/ok", b"same text") == 200
+        assert post(second, "/refuse", b"same text") == 503
         assert app.started[1][1] - app.answered[0] < HOLD
+
+
+def test_the_refusals_remembered_are_bounded_and_forgotten_when_their_hold_ends() -> None:
+    from batching.http.resends import Resends
+
+    resends = Resends(size=3)
+    request = ("POST", b"/", b"", 4, 1)
+    for index in range(5):
+        resends.refused(f"10.0.0.{index}", request, until=10.0 + index, now=0.0)
+    assert len(resends) == 3  # the two oldest forgotten
+    assert resends.held_until("10.0.0.0", request, now=1.0) is None
+    assert resends.held_until("10.0.0.4", request, now=1.0) == 14.0
+    assert resends.held_until("10.0.0.4", request, now=1.0) is None  # taken once
+    resends.refused("10.0.0.9", request, until=30.0, now=20.0)  # the rest have expired
+    assert len(resends) == 1
 
 
 def test_a_resend_after_the_hold_is_not_held_again() -> None:

@@ -387,6 +387,21 @@ async def test_a_message_that_is_not_protobuf_is_invalid_argument() -> None:
     assert "<" not in str(caught.value.details())
 
 
+@pytest.mark.anyio
+async def test_metadata_over_max_header_bytes_is_resource_exhausted() -> None:
+    limits = ConnectionLimits(max_header_bytes=4096)
+    async with serving_grpc(echo(), connection_limits=limits) as (_, target):
+        async with stub_for(target) as stub:
+            small = [("x-pad", "a" * 1000)]
+            ready = await stub.ServerLive(service_pb2.ServerLiveRequest(), metadata=small)
+            assert ready.live
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.ServerLive(
+                    service_pb2.ServerLiveRequest(), metadata=[("x-pad", "b" * 8192)], timeout=10
+                )
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 def test_off_means_never_and_the_cap_is_grpc_cores_own() -> None:
     options = dict(
         GrpcLimits(max_message_bytes=123, max_connections=0, idle_timeout=0).server_options()

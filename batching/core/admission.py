@@ -19,8 +19,11 @@ late, admission plans with what the instance delivers, and what it admits still 
 Retry-After hints are spread between the queue's drain time and twice it, so clients that
 honour them come back spread out rather than all at once. Every refusal also says how long
 the queue needs before it could take the request (:func:`hold_for`): the HTTP edge holds an
-identical request sent again on the same connection before then, so clients that resend at
-once wait without costing the server a refusal each.
+identical request sent again from the same client address before then (on any connection), so
+clients that resend at once wait without costing the server a refusal each. That time counts
+the requests refused before it too (:class:`ReturnLine`): under a storm every refused client
+comes back, and a hold that counted only the queue would release them all at once into a
+queue with room for a few, to be refused again, each refusal costing CPU the model needs.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ __all__ = [
     "ADMISSION_MARGIN",
     "MIN_HOLD",
     "Admission",
+    "ReturnLine",
     "Throughput",
     "hold_for",
     "retry_after",
@@ -76,6 +80,11 @@ class Throughput:
     def __init__(self, prior: float = 100.0) -> None:
         self.computed = prior
         self.served: float | None = None
+        #: Wall seconds of one batch, from its start on the loop to its end, smoothed over
+        #: every batch whatever its size, and their smoothed deviation from it. 0 until a
+        #: batch has run.
+        self.batch_mean = 0.0
+        self.batch_deviation = 0.0
 
     @property
     def per_instance(self) -> float:
@@ -97,6 +106,25 @@ class Throughput:
         rate = items / compute_s
         self.computed += LEARNING_RATE * (rate - self.computed)
 
+    @property
+    def batch_s(self) -> float:
+        """How long a batch may take: the smoothed wall time plus twice its smoothed
+        deviation (as TCP bounds a round trip), since a request must fit the slow batches
+        as well as the average one."""
+        return self.batch_mean + 2 * self.batch_deviation
+
+    def observe_batch(self, wall_s: float) -> None:
+        """A batch (of any size) took ``wall_s`` seconds from its start to its end."""
+        if wall_s <= 0:
+            return
+        if self.batch_mean == 0.0:
+            self.batch_mean = wall_s
+            self.batch_deviation = wall_s / 2
+            return
+        error = wall_s - self.batch_mean
+        self.batch_mean += LEARNING_RATE * error
+        self.batch_deviation += LEARNING_RATE * (abs(error) - self.batch_deviation)
+
     def observe_served(self, items: int, wall_s: float) -> None:
         """A batch of ``items`` completed ``wall_s`` seconds after the instance's previous
         batch, with work waiting for the instance all that time."""
@@ -107,6 +135,29 @@ class Throughput:
             self.served = rate
         else:
             self.served += LEARNING_RATE * (rate - self.served)
+
+
+class ReturnLine:
+    """The items refused lately that are expected back, as a line served at the model's rate.
+
+    Each refusal joins the back of the line; the line drains at the capacity admission plans
+    with, so a refused request's place in it is how long until the queue could take it after
+    the requests refused before it. One number and a timestamp: a refusal keeps no memory.
+    """
+
+    def __init__(self) -> None:
+        self.items = 0.0
+        self._at: float | None = None
+
+    def join(self, count: int, capacity: float, now: float) -> float:
+        """``count`` items refused at ``now``: the seconds until the line ahead of them is
+        served at ``capacity`` items per second."""
+        if self._at is not None:
+            self.items = max(0.0, self.items - capacity * max(0.0, now - self._at))
+        self._at = now
+        ahead = self.items / capacity
+        self.items += count
+        return ahead
 
 
 class Admission:
@@ -130,12 +181,24 @@ class Admission:
         self.throughput = Throughput()
         self.breaker_open = False
         self.rng = rng or random.Random()
+        self.returning = ReturnLine()
 
     def check(
-        self, count: int, *, queued: int, running: int, instances: int, time_left: float
+        self,
+        count: int,
+        *,
+        queued: int,
+        running: int,
+        instances: int,
+        time_left: float,
+        now: float | None = None,
+        busy_since: float | None = None,
     ) -> None:
         """Admit ``count`` items with ``queued`` items waiting and ``running`` in batches on
-        ``instances`` ready instances, ``time_left`` seconds before the request's deadline.
+        ``instances`` ready instances, ``time_left`` seconds before the request's deadline;
+        ``now`` (the loop's time) places a refusal in the :class:`ReturnLine`;
+        ``busy_since``, when every instance is running a batch, is when the oldest of those
+        batches started.
 
         :raises Overloaded: the breaker is open, or the request cannot be served in time.
         """
@@ -154,6 +217,8 @@ class Admission:
                 queued,
                 capacity,
                 max(excess, config.max_batch_size) / capacity,
+                count,
+                now,
             )
         # The work ahead of this request (queued and running), at the measured rate, must
         # fit in its deadline with room to spare: the rate is an estimate, and a request let
@@ -161,6 +226,15 @@ class Admission:
         # A request that joins the next batch needs no margin: its wait is one batch.
         ahead = queued + running
         expected = (ahead + count) / capacity
+        if busy_since is not None and now is not None:
+            # Whatever the rate, it waits for a running batch to end, then for the batches up
+            # to its own to form and run: when the cores are short (the loop busy refusing a
+            # storm), batches slow down before the busy-batch rates can tell, and a 504 would.
+            batch_s = self.throughput.batch_s
+            left = max(0.0, busy_since + batch_s - now)
+            # The batches queued ahead of it too, its own among them.
+            batches = math.ceil((queued + count) / (config.max_batch_size * max(1, instances)))
+            expected = max(expected, left + batches * (config.max_queue_delay + batch_s))
         next_batch = queued + count <= config.max_batch_size * max(1, instances)
         margin = 1.0 if next_batch else ADMISSION_MARGIN
         if ahead > 0 and expected * margin > time_left:
@@ -173,11 +247,26 @@ class Admission:
                 # The work ahead of it drains in this long (at least one batch): held that
                 # long, the clients refused together come back as the room they need frees.
                 max(ahead, config.max_batch_size) / capacity,
+                count,
+                now,
             )
 
-    def _refusal(self, message: str, queued: int, capacity: float, drain_s: float) -> Overloaded:
+    def _refusal(
+        self,
+        message: str,
+        queued: int,
+        capacity: float,
+        drain_s: float,
+        count: int,
+        now: float | None,
+    ) -> Overloaded:
         hint = spread(retry_after(queued, capacity), self.rng)
-        return Overloaded(message, retry_after=hint, hold=hold_for(drain_s, hint, self.rng))
+        hold = hold_for(drain_s, hint, self.rng)
+        if now is not None:
+            # Behind the requests refused before it, which come back as well.
+            line_s = drain_s + self.returning.join(count, capacity, now)
+            hold = min(hint, max(hold, line_s))
+        return Overloaded(message, retry_after=hint, hold=hold)
 
 
 def retry_after(depth: int, capacity: float) -> float:

@@ -92,6 +92,8 @@ class Batcher:
         self.busy_instances = 0
         #: Items in batches running on instances now.
         self.running_items = 0
+        #: When each batch running now started (loop time).
+        self._batch_starts: list[float] = []
         self.instances = 0
         self.ready_instances = 0
         self.admission = Admission(name, config, self.events, rng=rng)
@@ -139,6 +141,12 @@ class Batcher:
             running=self.running_items,
             instances=self.ready_instances,
             time_left=deadline - now,
+            now=now,
+            busy_since=(
+                min(self._batch_starts)
+                if self._batch_starts and self.busy_instances >= self.ready_instances
+                else None
+            ),
         )
         future = Pending(loop=loop)
         request = Request(
@@ -411,6 +419,7 @@ class Batcher:
                     job.request.future.running = True
                     self.queued_requests -= 1
             self.busy_instances += 1
+            self._batch_starts.append(started)
             running = sum(job.size for job in jobs)
             self.running_items += running
             try:
@@ -429,9 +438,11 @@ class Batcher:
                 raise
             finally:
                 self.busy_instances -= 1
+                self._batch_starts.remove(started)
                 self.running_items -= running
             self.events.batch_done(items, tokens, reason, queue_wait, compute_s)
             ended = loop.time()
+            self.throughput.observe_batch(ended - started)
             if learn and backlogged_since is not None:
                 self.throughput.observe_served(items, ended - backlogged_since)
             previous_end = ended

@@ -12,6 +12,10 @@ grpcio 1.85; ``tests/test_grpc_limits.py`` checks every one against a real serve
   every file descriptor. The count is gRPC's own: grpc-core does not expose it to Python, so
   this port and the HTTP port each have a cap of ``--max-connections``, and ``server.py``
   raises the open-file limit to hold both (a flood on one port never takes the other's room).
+- ``grpc.max_metadata_size`` and ``grpc.absolute_max_metadata_size`` (``--max-header-bytes``,
+  both alike so that every call over it is refused, not a random share): a call whose
+  metadata (HTTP/2 headers) is larger is refused with ``RESOURCE_EXHAUSTED``, as HTTP answers
+  431; 0 (no limit on HTTP) leaves grpc-core's own default.
 - ``grpc.server_handshake_timeout_ms`` (``--header-timeout-s``): a connection that has not sent
   HTTP/2's preface and settings by then is closed, as HTTP closes one whose headers never come.
 - ``grpc.max_connection_idle_ms`` (``--keep-alive-timeout-s``): a connection without a call for
@@ -78,12 +82,16 @@ class GrpcLimits:
     message_timeout: float = 10.0
     #: A connection with no call is closed after this (``--keep-alive-timeout-s``).
     idle_timeout: float = 5.0
+    #: Largest metadata of a call (``--max-header-bytes``); 0: grpc-core's default.
+    max_metadata_bytes: int = 65536
 
     def __post_init__(self) -> None:
         if self.max_message_bytes < 1:
             raise ValueError("max_message_bytes must be >= 1")
         if self.max_connections < 0:
             raise ValueError("max_connections must be >= 0")
+        if self.max_metadata_bytes < 0:
+            raise ValueError("max_metadata_bytes must be >= 0")
         for name in ("handshake_timeout", "message_timeout", "idle_timeout"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
@@ -106,4 +114,8 @@ class GrpcLimits:
         ]
         if self.max_connections:
             options.append(("grpc.max_allowed_incoming_connections", self.max_connections))
+        if self.max_metadata_bytes:
+            size = min(self.max_metadata_bytes, INT32_MAX)
+            options.append(("grpc.max_metadata_size", size))
+            options.append(("grpc.absolute_max_metadata_size", size))
         return options

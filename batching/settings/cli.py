@@ -305,6 +305,34 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         "0: no cap",
     )
     parser.flag(
+        "--max-header-bytes",
+        default=limits.max_header_bytes,
+        type=int,
+        help="most bytes of an HTTP request line and headers together, counted as they "
+        "arrive; beyond it, 431 and close without reading the rest; 0: no limit",
+    )
+    parser.flag(
+        "--max-header-count",
+        default=limits.max_header_count,
+        type=int,
+        help="most header lines in an HTTP request; beyond it, 431 and close; 0: no limit",
+    )
+    parser.flag(
+        "--body-deadline-s",
+        default=limits.body_deadline,
+        type=float,
+        help="from the end of a request's headers until its body's last byte, however "
+        "steadily it trickles in; past it, 408 and close; 0: never",
+    )
+    parser.flag(
+        "--probe-connections",
+        default=limits.probe_connections,
+        type=int,
+        help="connections taken beyond --max-connections for one liveness or readiness "
+        "probe each (/v2/health/live, /v2/health/ready; any other request: 503); a silent "
+        "one is closed after 1 s, or when a newer one needs its slot",
+    )
+    parser.flag(
         "--malloc",
         default="auto",
         choices=("auto", "off"),
@@ -544,6 +572,10 @@ def parse_settings(
             body_timeout=float(args.body_timeout_s),
             keep_alive_timeout=float(args.keep_alive_timeout_s),
             max_connections=int(args.max_connections),
+            max_header_bytes=int(args.max_header_bytes),
+            max_header_count=int(args.max_header_count),
+            body_deadline=float(args.body_deadline_s),
+            probe_connections=int(args.probe_connections),
         )
     except ValueError as exc:
         parser.error(str(exc))
