@@ -4,6 +4,7 @@ tests/support/token_models.py)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -170,13 +171,17 @@ def test_the_metadata_and_configuration_describe_the_ragged_outputs(
     grpc = triton_grpc.InferenceServerClient(grpc_url)
     try:
         metadata = http.get_model_metadata("chars")
-        outputs = {output["name"]: output for output in metadata["outputs"]}
+        # Listed apart, so a client that asks for every listed output (perf_analyzer) keeps
+        # the pooled answer.
+        assert [output["name"] for output in metadata["outputs"]] == ["embedding"]
+        outputs = {output["name"]: output for output in metadata["per_token_outputs"]}
+        assert list(outputs) == list(TOKEN_OUTPUTS)
         assert outputs["token_embeddings"]["shape"] == [-1, 3]
         assert outputs["token_embeddings"]["ragged"] is True
         assert outputs["token_ids"]["datatype"] == "INT64"
         assert "ragged" not in outputs["token_counts"]
         names = [output.name for output in grpc.get_model_metadata("chars").outputs]
-        assert names == ["embedding", *TOKEN_OUTPUTS]
+        assert names == ["embedding"]
         config = http.get_model_config("chars")
         # Every key is a field of Triton's ModelConfig.
         ParseDict(config, model_config_pb2.ModelConfig(), ignore_unknown_fields=False)
@@ -184,7 +189,9 @@ def test_the_metadata_and_configuration_describe_the_ragged_outputs(
             "string_value": "token_embeddings,token_ids"
         }
         grpc_config = grpc.get_model_config("chars").config
-        assert [output.name for output in grpc_config.output] == ["embedding", *TOKEN_OUTPUTS]
+        assert [output.name for output in grpc_config.output] == ["embedding"]
+        described = json.loads(grpc_config.parameters["per_token_outputs"].string_value)
+        assert [output["name"] for output in described] == list(TOKEN_OUTPUTS)
         plain = http.get_model_metadata("plain")
         assert [output["name"] for output in plain["outputs"]] == ["embedding"]
     finally:

@@ -22,7 +22,7 @@ from batching.metrics import Duration, ModelEvents, ModelStatistics
 from batching.runtime.deployment import Deployment
 from batching.service import Deployments
 
-from .multivector import ragged_parameters, token_output_config, token_output_metadata
+from .multivector import ragged_parameters, token_output_metadata
 
 __all__ = [
     "EXTENSIONS",
@@ -118,8 +118,13 @@ def model_metadata(deployment: Deployment) -> dict[str, Any]:
         "versions": [deployment.config.version],
         "platform": _platform(deployment),
         "inputs": tensors("inputs"),
-        "outputs": tensors("outputs") + token_output_metadata(deployment),
+        "outputs": tensors("outputs"),
     }
+    per_token = token_output_metadata(deployment)
+    if per_token:
+        # Outputs a request gets only by naming them: clients that ask for every listed
+        # output (perf_analyzer) keep the pooled answer. Not a v2 field.
+        described["per_token_outputs"] = per_token
     sparse = deployment.metadata.get("sparse")
     if isinstance(sparse, dict):
         # How a sparse model's indices and values tensors are padded, and its vocabulary.
@@ -224,7 +229,7 @@ def model_config(deployment: Deployment) -> dict[str, Any]:
         "version_policy": _version_policy(config.version),
         "max_batch_size": batching.max_batch_size,
         "input": inputs,
-        "output": tensors("outputs") + token_output_config(deployment),
+        "output": tensors("outputs"),
         "dynamic_batching": {
             "preferred_batch_size": list(batching.preferred_batch_sizes),
             "max_queue_delay_microseconds": round(batching.max_queue_delay * 1e6),

@@ -1,7 +1,9 @@
 """Per-token vectors on the v2 door (HTTP and gRPC alike): ragged outputs.
 
 A model that serves per-token vectors (its ``"embedding"`` metadata lists ``"tokens"`` among
-its outputs) has three more outputs, which a request asks for by name:
+its outputs) has three more outputs, which a request gets only by asking for them by name
+(they are described apart from the listed ``outputs``, under ``per_token_outputs``, so a client
+that asks for every listed output, as perf_analyzer does, keeps the pooled answer):
 
 - ``token_embeddings``: FP32 ``[total_tokens, dim]``, every item's token vectors one after
   another, in item order;
@@ -14,12 +16,13 @@ Asking for any of them makes the items ``EmbedItem(output="tokens")``; asking fo
 400. The request's parameters are the embedding options (``prompt_name``, ``input_type``,
 ``truncate``, ``truncation_direction``), as in ``/embed_all``. The first dimension of the two
 ragged outputs counts tokens, not items: the model metadata says so with ``"ragged": true`` on
-them (a key v2 JSON clients ignore), and the configuration with its ``ragged_outputs``
-parameter.
+them, and the configuration with its ``ragged_outputs`` parameter (its ``per_token_outputs``
+parameter holds their ``ModelOutput`` entries as JSON, for gRPC clients).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -102,7 +105,11 @@ def ragged_parameters(deployment: Deployment) -> dict[str, object]:
     their rows per item (Triton's ``ModelOutput`` has no field for it)."""
     if not token_output_names(deployment):
         return {}
-    return {"ragged_outputs": ",".join(RAGGED_OUTPUTS), "ragged_row_counts": "token_counts"}
+    return {
+        "per_token_outputs": json.dumps(token_output_config(deployment)),
+        "ragged_outputs": ",".join(RAGGED_OUTPUTS),
+        "ragged_row_counts": "token_counts",
+    }
 
 
 def asks_tokens(deployment: Deployment, request: InferRequest) -> bool:
