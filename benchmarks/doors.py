@@ -9,6 +9,9 @@ door's throughput as a ratio of plain JSON's at the same concurrency.
 
     python benchmarks/doors.py                          # c=1 and c=64, 3 rounds of 8 s
     python benchmarks/doors.py --rounds 5 --seconds 10 --json doors.json -- --max-batch-size 64
+    # this checkout against another (an export of an older commit), both servers up at once,
+    # every measurement interleaved:
+    python benchmarks/doors.py --compare-dir ../base --rounds 2
 
 Arguments after ``--`` go to ``server.py``. This is a benchmark: run it on a quiet machine.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
@@ -83,27 +87,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,64", help="comma list of client counts")
     parser.add_argument("--model-name", default="all-MiniLM-L6-v2", help="the served model")
     parser.add_argument("--json", type=Path, help="write every measurement here")
+    parser.add_argument(
+        "--compare-dir",
+        type=Path,
+        help="another checkout of this project: its server.py runs beside this one's, and "
+        "each door's figures are compared with it",
+    )
     parser.add_argument("server_args", nargs="*", help="after --: flags for server.py")
     args = parser.parse_args(argv)
     levels = [int(level) for level in args.concurrency.split(",")]
-    grpc_port = free_port()
-    log = ROOT / "load_test_results" / "doors-server.log"
-    log.parent.mkdir(exist_ok=True)
-    server_args = ["--grpc-port", str(grpc_port), *args.server_args]
+    roots = [("this", ROOT)]
+    if args.compare_dir is not None:
+        roots.append((args.compare_dir.resolve().name, args.compare_dir.resolve()))
+    doors = [
+        (label if len(roots) == 1 else f"{label} [{tag}]", api, tag)
+        for label, api in DOORS
+        for tag, _ in roots
+    ]
     results: dict[str, dict[int, list[dict[str, float]]]] = {
-        label: {level: [] for level in levels} for label, _ in DOORS
+        label: {level: [] for level in levels} for label, _, _ in doors
     }
-    with ServerProcess(server_args, cwd=ROOT, log_path=log) as server:
-        target = Target.parse(server.url)
-        grpc = f"127.0.0.1:{grpc_port}"
-        for _, api in DOORS:  # every door's first requests, unrecorded
+    with contextlib.ExitStack() as stack:
+        servers: dict[str, tuple[Target, str, int]] = {}
+        for tag, root in roots:
+            grpc_port = free_port()
+            log = ROOT / "load_test_results" / f"doors-server-{tag}.log"
+            log.parent.mkdir(exist_ok=True)
+            server = stack.enter_context(
+                ServerProcess(
+                    ["--grpc-port", str(grpc_port), *args.server_args], cwd=root, log_path=log
+                )
+            )
+            servers[tag] = (Target.parse(server.url), f"127.0.0.1:{grpc_port}", server.pid)
+        for _, api, tag in doors:  # every door's first requests, unrecorded
+            target, grpc, _pid = servers[tag]
             measure(target, grpc, api, 8, 1.0, args.model_name)
         for round_ in range(args.rounds):
             for level in levels:
-                for label, api in DOORS:
-                    figures = measure(
-                        target, grpc, api, level, args.seconds, args.model_name, server.pid
-                    )
+                for label, api, tag in doors:
+                    target, grpc, pid = servers[tag]
+                    figures = measure(target, grpc, api, level, args.seconds, args.model_name, pid)
                     results[label][level].append(figures)
                     print(
                         f"round {round_ + 1} c={level} {label}: "
@@ -119,12 +142,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print("|---|---|---|---|---|---|---|---|---|")
     summary: dict[str, Any] = {}
+    plain = doors[0][0]
     for level in levels:
-        base = statistics.median(r["items_per_s"] for r in results["plain JSON"][level])
-        base_cpu = statistics.median(
-            r["server_cpu_ms_per_item"] for r in results["plain JSON"][level]
-        )
-        for label, _ in DOORS:
+        base = statistics.median(r["items_per_s"] for r in results[plain][level])
+        base_cpu = statistics.median(r["server_cpu_ms_per_item"] for r in results[plain][level])
+        for label, _, _ in doors:
             rounds = results[label][level]
             rate = statistics.median(r["items_per_s"] for r in rounds)
             p50 = statistics.median(r["p50_ms"] for r in rounds)
@@ -144,6 +166,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"| {label} | {level} | {rate:.0f} | {p50:.1f} | {p99:.1f} | "
                 f"{rate / base:.3f} | {cpu:.2f} | {cpu / base_cpu:.3f} | {errors:.0f} |"
             )
+    if len(roots) > 1:
+        other = roots[1][0]
+        print()
+        print(f"| door | clients | items/s, this ÷ {other} | server CPU per item, this ÷ {other} |")
+        print("|---|---|---|---|")
+        for level in levels:
+            for label, _ in DOORS:
+                mine = summary[f"{label} [this]"][level]
+                theirs = summary[f"{label} [{other}]"][level]
+                print(
+                    f"| {label} | {level} | {mine['items_per_s'] / theirs['items_per_s']:.3f} "
+                    f"| {mine['server_cpu_ms_per_item'] / theirs['server_cpu_ms_per_item']:.3f} |"
+                )
     if args.json:
         args.json.write_text(json.dumps({"summary": summary, "rounds": results}, indent=2))
     return 0
