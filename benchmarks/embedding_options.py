@@ -11,10 +11,15 @@ same through the OpenAI door, per-token vectors (``/embed_all``) and ``/tokenize
 
 Prints, per option and concurrency, the medians over the rounds of items/s, p50 and p99, the
 server's CPU per item (its process CPU time over the items served), the bytes of one answer,
-and each of those as a ratio of the baseline's.
+and each of those as a ratio of the baseline's. End to end, the model's compute is nearly all
+of the server's CPU per item, so a cheaper answer hardly shows there; a second table therefore
+times, in this process, what each encoding changes in the server's work per request: turning
+the model's float vectors into the encoding and the answer into bytes (the plain door's own
+functions, 32 vectors of 384 dimensions per request, median of 2,000 runs).
 
     python benchmarks/embedding_options.py                  # c=1 and c=64, 3 rounds of 6 s
     python benchmarks/embedding_options.py --rounds 5 --seconds 10 --json options.json
+    python benchmarks/embedding_options.py --answers-only     # the second table alone, no server
 
 This is a benchmark: run it on a quiet machine.
 """
@@ -29,17 +34,22 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from batching.codecs.embed_options import encode_vector  # noqa: E402
+from batching.codecs.plain import encode_embeddings  # noqa: E402
 from batching.models.default import default_model_path  # noqa: E402
+from batching.models.quantize import quantize  # noqa: E402
 from load_test.client import LoadSpec, Target, run_load  # noqa: E402
 from load_test.payloads import Payload, PayloadSet, make_sentence  # noqa: E402
 from load_test.serverproc import ServerProcess  # noqa: E402
@@ -146,14 +156,70 @@ def measure(
     }
 
 
+#: (label, encoding the model applies, base64 on the wire) for the answer-encoding table.
+ENCODINGS = (
+    ("float", "float", False),
+    ("base64", "float", True),
+    ("int8", "int8", False),
+    ("uint8", "uint8", False),
+    ("binary", "binary", False),
+    ("ubinary", "ubinary", False),
+    ("int8+base64", "int8", True),
+    ("ubinary+base64", "ubinary", True),
+)
+
+
+def answer_cost(items: int = 32, dim: int = 384, runs: int = 2000) -> dict[str, dict[str, float]]:
+    """Per encoding, the median microseconds to encode one request's ``items`` unit vectors
+    and serialise the answer, and the answer's bytes."""
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((items, dim)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    ranges = np.stack([vectors.min(axis=0), vectors.max(axis=0)])
+    costs: dict[str, dict[str, float]] = {}
+    for label, encoding, as_base64 in ENCODINGS:
+        times = []
+        body = b""
+        for _ in range(runs):
+            started = time.perf_counter_ns()
+            encoded = quantize(vectors, encoding, ranges if encoding.endswith("int8") else None)
+            body = encode_embeddings(
+                MODEL,
+                [encode_vector(row, as_base64) for row in encoded],
+                truncated=[False] * items,
+                tokens=items * 14,
+            )
+            times.append(time.perf_counter_ns() - started)
+        costs[label] = {"us": statistics.median(times) / 1000, "bytes": float(len(body))}
+    return costs
+
+
+def print_answer_costs(costs: dict[str, dict[str, float]]) -> None:
+    print()
+    print("| encoding | µs per request of 32 vectors | ÷ float | answer bytes | ÷ float |")
+    print("|---|---|---|---|---|")
+    base = costs["float"]
+    for label, cost in costs.items():
+        print(
+            f"| {label} | {cost['us']:.0f} | {cost['us'] / base['us']:.3f} "
+            f"| {cost['bytes']:.0f} | {cost['bytes'] / base['bytes']:.3f} |"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=6.0, help="per measurement")
     parser.add_argument("--concurrency", default="1,64", help="comma list of client counts")
     parser.add_argument("--json", type=Path, help="write every measurement here")
+    parser.add_argument(
+        "--answers-only", action="store_true", help="only the answer-encoding table"
+    )
     parser.add_argument("server_args", nargs="*", help="after --: flags for server.py")
     args = parser.parse_args(argv)
+    if args.answers_only:
+        print_answer_costs(answer_cost())
+        return 0
     levels = [int(level) for level in args.concurrency.split(",")]
     log = ROOT / "load_test_results" / "embedding-options-server.log"
     log.parent.mkdir(exist_ok=True)
@@ -214,8 +280,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"| {row['p99_ms']:.1f} | {cpu:.2f} | {row['cpu_ratio']:.3f} "
                 f"| {sizes[label]} | {row['bytes_ratio']:.3f} | {row['errors']:.0f} |"
             )
+    costs = answer_cost()
+    print_answer_costs(costs)
     if args.json:
-        args.json.write_text(json.dumps({"summary": summary, "rounds": results}, indent=2))
+        args.json.write_text(
+            json.dumps({"summary": summary, "rounds": results, "answers": costs}, indent=2)
+        )
     return 0
 
 
