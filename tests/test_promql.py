@@ -101,10 +101,16 @@ def wait_for_vector(
             if prometheus.poll() is not None:
                 raise AssertionError((tmp_path / "prometheus.log").read_text()[-3000:])
             try:
-                answer = client.get(f"{api}/query", params={"query": query}).json()
+                response = client.get(f"{api}/query", params={"query": query})
             except httpx.TransportError as exc:
                 last = exc
             else:
+                if response.status_code == 503:
+                    # Prometheus answers "Service Unavailable" until its storage is ready.
+                    last = response.text
+                    time.sleep(0.2)  # polling Prometheus' API until it is ready
+                    continue
+                answer = response.json()
                 last = answer
                 assert answer["status"] == "success", answer
                 assert answer["data"]["resultType"] == "vector", answer

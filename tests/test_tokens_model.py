@@ -110,5 +110,6 @@ def test_the_v2_ragged_outputs_hold_the_same_vectors(client: httpx.Client, folde
         vectors, np.concatenate([np.array(rows) for rows in embed_all["embeddings"]]), atol=1e-6
     )
     metadata = (client.get("/v2/models/st")).json()
-    shapes = {output["name"]: output["shape"] for output in metadata["outputs"]}
+    assert [output["name"] for output in metadata["outputs"]] == ["embedding"]
+    shapes = {output["name"]: output["shape"] for output in metadata["per_token_outputs"]}
     assert shapes["token_embeddings"] == [-1, vectors.shape[1]]
