@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["SHEDDING", "SUMMARY_INTERVAL", "AnswerLog", "answer_log"]
+__all__ = ["AnswerLog", "SHEDDING", "SUMMARY_INTERVAL", "answer_log", "internal_message"]
 
 #: Statuses that say "not now" under load rather than "something is wrong".
 SHEDDING = frozenset({503, 504})
@@ -72,3 +72,9 @@ class AnswerLog:
 
 #: The server's one answer log, on the ``batching`` logger.
 answer_log = AnswerLog(logging.getLogger("batching"))
+
+
+def internal_message(request_id: str) -> str:
+    """What a caller is told, on any door, of a failure of the server's own: nothing but the
+    request id to look for in the log."""
+    return f"internal server error (request id {request_id}; the server log has the details)"

@@ -25,6 +25,7 @@ from batching.errors import (
     UnprocessableInput,
 )
 from batching.metrics import Metrics
+from batching.models.items import item_text
 from batching.runtime.deployment import Deployment
 
 __all__ = [
@@ -49,12 +50,13 @@ def _cheap_to_tokenize(inputs: list[Any]) -> bool:
         return False
     size = 0
     for item in inputs:
-        if isinstance(item, str):
-            size += len(item)
-        elif isinstance(item, dict):
+        if isinstance(item, dict):
             size += sum(len(value) for value in item.values() if isinstance(value, str))
-        else:
+            continue
+        text = item_text(item)  # a text, or an embed or tokenize item's prompt and text
+        if text is None:
             return False
+        size += len(text)
     return size <= TOKENIZE_ON_LOOP_CHARS
 
 

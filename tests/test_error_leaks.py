@@ -245,14 +245,16 @@ async def test_a_model_that_cannot_load_says_so_without_its_paths(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.ERROR, logger="batching")
-    app = create_app(ModelConfig(name="gone"), builder=lambda _: UnloadableModel())
+    failed = asyncio.Event()
+    app = create_app(
+        ModelConfig(name="gone"),
+        builder=lambda _: UnloadableModel(),
+        on_load_failure=lambda *_: failed.set(),
+    )
     async with running(app, wait_ready=False) as url:
         async with httpx.AsyncClient(base_url=url) as client:
-            for _ in range(1000):
-                index = (await client.post("/v2/repository/index")).json()
-                if index[0]["reason"] != "loading":
-                    break
-                await asyncio.sleep(0.01)  # loading happens in the background; nothing to await
+            await asyncio.wait_for(failed.wait(), 60)  # the load fails in the background
+            index = (await client.post("/v2/repository/index")).json()
     assert index[0]["state"] == "UNAVAILABLE"
     assert "OSError" in index[0]["reason"]
     assert_clean(index[0]["reason"])

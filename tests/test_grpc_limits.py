@@ -34,6 +34,7 @@ from batching import BatchingConfig, ModelConfig
 from batching.grpc import GrpcLimits
 from batching.grpc import v2 as grpc_v2
 from batching.http.connections import ConnectionLimits
+from batching.keys import ApiKeys
 from tests.support.grpc_door import serving_grpc, stub_for
 from tests.support.metrics import sample
 from tests.support.servers import free_port
@@ -295,6 +296,24 @@ async def test_refused_calls_leave_nothing_for_the_garbage_collector() -> None:
                         await client.infer("echo", [text_input(texts, name=name)], "nope")
                     with contextlib.suppress(InferenceServerException):
                         await client.infer("echo", [text_input(texts, name=name)])
+            assert _door_frames() == []
+        finally:
+            await client.close()
+
+
+@pytest.mark.anyio
+async def test_calls_refused_for_their_key_leave_nothing_for_the_garbage_collector() -> None:
+    keys = ApiKeys(["sk-right"])
+    async with serving_grpc(echo(), api_keys=keys) as (_, target):
+        client = triton_grpc_aio.InferenceServerClient(target)
+        try:
+            _door_frames()
+            for headers in (None, {"authorization": "Bearer sk-wrong"}):
+                for _ in range(5):
+                    with pytest.raises(InferenceServerException, match="API key"):
+                        await client.infer("echo", [text_input(["a"])], headers=headers)
+                    with pytest.raises(InferenceServerException, match="API key"):
+                        await client.get_model_metadata("echo", headers=headers)
             assert _door_frames() == []
         finally:
             await client.close()

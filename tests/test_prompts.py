@@ -17,7 +17,7 @@ from batching.models.prompts import PromptConfigError, PromptOptions
 from batching.models.sentence import SentenceEmbedder
 from batching.settings.cli import parse_settings
 from batching.settings.repository import RepositoryError, load_repository
-from tests.support.tiny import classifier_folder, sentence_folder
+from tests.support.tiny import classifier_folder, masked_folder, sentence_folder
 
 PROMPTS = {"query": "what is ", "passage": "the a "}
 TEXTS = [
@@ -38,6 +38,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             root, "instructor", prompts=PROMPTS, default_prompt_name="query", include_prompt=False
         ),
         "classifier": classifier_folder(root, "classifier", ["neg", "pos"]),
+        "masked": masked_folder(root, "masked"),
     }
 
 
@@ -219,6 +220,13 @@ def test_the_flag_reaches_the_model(folders: dict[str, Path]) -> None:
             "classifier",
             ["--task", "text-classification", "--default-prompt", "x"],
             "takes no prompts",
+        ),
+        (
+            # A sparse model reads its folder's prompts but takes no override: refused rather
+            # than accepted and not applied.
+            "masked",
+            ["--task", "sparse-embedding", "--default-prompt", "x"],
+            "takes no prompts override",
         ),
     ],
 )

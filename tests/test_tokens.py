@@ -228,6 +228,28 @@ async def test_embed_all_refuses_bad_options_with_400(
     assert words in response.json()["error"]
 
 
+@pytest.mark.parametrize(
+    ("parameters", "words"),
+    [
+        ({"dimensions": 2}, "keep their width"),
+        ({"encoding": "int8"}, "per-token vectors are float"),
+        ({"shuffle": True}, "unknown parameter 'shuffle'"),
+    ],
+)
+async def test_a_per_token_output_s_own_parameters_are_applied_or_refused(
+    served: tuple[httpx.AsyncClient, Served], parameters: dict[str, Any], words: str
+) -> None:
+    # Raw v2 JSON may set options on a requested output, as on the pooled one: never ignored.
+    client, _ = served
+    body = {
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1, 1], "data": ["ab"]}],
+        "outputs": [{"name": "token_ids", "parameters": parameters}],
+    }
+    response = await client.post("/v2/models/chars/infer", json=body)
+    assert response.status_code == 400
+    assert words in response.json()["error"]
+
+
 async def test_the_items_go_through_the_models_queue_and_its_limits(
     served: tuple[httpx.AsyncClient, Served],
 ) -> None:

@@ -152,6 +152,8 @@ async def run_per_token(
         full = await plane.count_tokens(
             deployment, [items[refused]], limit=_FULL_COUNT, request_id=request_id
         )
+        # Refused at the edge, as the pooled doors refuse it: counted, never batched.
+        plane.refused(deployment.name, "too_large")
         raise too_long(plan, refused, full.lengths[0] if full.lengths else _FULL_COUNT)
     outputs = await plane.infer(
         deployment,

@@ -19,6 +19,8 @@ import grpc
 from batching.answers import answer_log
 from batching.keys import ApiKeys, credential_of
 
+from .calls import refuse
+
 __all__ = ["MESSAGE", "OPEN_METHODS", "ApiKeyInterceptor"]
 
 _SERVICE = "/inference.GRPCInferenceService/"
@@ -29,24 +31,19 @@ OPEN_METHODS = frozenset({_SERVICE + "ServerLive", _SERVICE + "ServerReady"})
 MESSAGE = "a valid API key is required: metadata authorization: Bearer KEY"
 
 
-async def _refuse_unary(request: Any, context: grpc.aio.ServicerContext) -> None:
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED, MESSAGE)
+async def _refuse(requests: Any, context: grpc.aio.ServicerContext) -> None:
+    # Sets the status and returns: ``context.abort`` would raise an exception that grpc keeps
+    # with the call's frames until a full garbage collection (see .calls).
+    refuse(context, grpc.StatusCode.UNAUTHENTICATED, MESSAGE)
 
 
-async def _refuse_stream(request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED, MESSAGE)
-
-
-def _refusal(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """A handler of the same kind as ``handler`` that aborts at once. No deserializer: the
-    request message is never parsed."""
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(_refuse_stream)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(_refuse_stream)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(_refuse_unary)
-    return grpc.unary_unary_rpc_method_handler(_refuse_unary)
+def _refusal(handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler:
+    """A handler that refuses at once, taking its request as a stream it never reads (the
+    wire is the same for either kind): the request message is never read whole or parsed,
+    whatever the method, known (``handler``) or not (None)."""
+    if handler is not None and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(_refuse)
+    return grpc.stream_unary_rpc_method_handler(_refuse)
 
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
@@ -81,6 +78,5 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if self.on_refused is not None:
             self.on_refused()
         answer_log.answered(f"gRPC call {method}", 401, "no valid API key")
-        if handler is None:  # an unknown method: refused as any other, it reveals nothing
-            return grpc.unary_unary_rpc_method_handler(_refuse_unary)
+        # An unknown method is refused as any other: it reveals nothing.
         return _refusal(handler)

@@ -15,7 +15,7 @@ grpcio 1.85; ``tests/test_grpc_limits.py`` checks every one against a real serve
 - ``grpc.max_metadata_size`` and ``grpc.absolute_max_metadata_size`` (``--max-header-bytes``,
   both alike so that every call over it is refused, not a random share): a call whose
   metadata (HTTP/2 headers) is larger is refused with ``RESOURCE_EXHAUSTED``, as HTTP answers
-  431; 0 (no limit on HTTP) leaves grpc-core's own default.
+  431; 0, no limit on HTTP, is no limit here either.
 - ``grpc.server_handshake_timeout_ms`` (``--header-timeout-s``): a connection that has not sent
   HTTP/2's preface and settings by then is closed, as HTTP closes one whose headers never come.
 - ``grpc.max_connection_idle_ms`` (``--keep-alive-timeout-s``): a connection without a call for
@@ -82,7 +82,7 @@ class GrpcLimits:
     message_timeout: float = 10.0
     #: A connection with no call is closed after this (``--keep-alive-timeout-s``).
     idle_timeout: float = 5.0
-    #: Largest metadata of a call (``--max-header-bytes``); 0: grpc-core's default.
+    #: Largest metadata of a call (``--max-header-bytes``); 0: no limit, as on HTTP.
     max_metadata_bytes: int = 65536
 
     def __post_init__(self) -> None:
@@ -114,8 +114,8 @@ class GrpcLimits:
         ]
         if self.max_connections:
             options.append(("grpc.max_allowed_incoming_connections", self.max_connections))
-        if self.max_metadata_bytes:
-            size = min(self.max_metadata_bytes, INT32_MAX)
-            options.append(("grpc.max_metadata_size", size))
-            options.append(("grpc.absolute_max_metadata_size", size))
+        # 0 means no limit, as on HTTP: grpc-core's own default (8 KiB) would be stricter.
+        size = min(self.max_metadata_bytes or INT32_MAX, INT32_MAX)
+        options.append(("grpc.max_metadata_size", size))
+        options.append(("grpc.absolute_max_metadata_size", size))
         return options

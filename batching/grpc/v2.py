@@ -22,7 +22,7 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from batching.answers import answer_log
+from batching.answers import answer_log, internal_message
 from batching.codecs.embedding import run_embedding
 from batching.codecs.multivector import run_per_token
 from batching.codecs.sparse import check_truncation
@@ -65,11 +65,6 @@ def _parsed(document: Any, message: Any) -> Any:
     """``document`` (a dict in the message's JSON form) as ``message``; keys the message has no
     field for are left out, so :mod:`batching.kserve.describe` may say more than the proto."""
     return json_format.ParseDict(document, message, ignore_unknown_fields=True)
-
-
-def internal_message(request_id: str) -> str:
-    """What a caller is told of a failure of the server's own: nothing but where to look."""
-    return f"internal server error (request id {request_id}; the server log has the details)"
 
 
 def _refused(context: Any, code: grpc.StatusCode, status: int, message: str, rid: str) -> None:

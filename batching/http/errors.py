@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from batching.answers import answer_log
+from batching.answers import answer_log, internal_message
 from batching.errors import (
     BatchingError,
     DeadlineExceeded,
@@ -28,7 +28,7 @@ from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
 
 from .connections import hold_resends
-from .middleware import internal_error_message, request_id_of
+from .middleware import request_id_of
 from .requests import BodyTooLarge
 
 __all__ = [
@@ -127,7 +127,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
     request_id = request_id_of(request.scope)
     logger.error("request %s failed with an internal error", request_id, exc_info=exc)
-    return error_response(internal_error_message(request_id), 500)
+    return error_response(internal_message(request_id), 500)
 
 
 #: The app's exception handlers: the error tree, Starlette's own HTTP errors, anything else.

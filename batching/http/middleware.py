@@ -19,16 +19,13 @@ from collections.abc import Callable
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["RequestIdMiddleware", "internal_error_message", "request_id_of"]
+from batching.answers import internal_message
+
+__all__ = ["RequestIdMiddleware", "request_id_of"]
 
 logger = logging.getLogger("batching")
 
 _REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
-
-
-def internal_error_message(request_id: str) -> str:
-    """What a client is told of a failure of the server's own: nothing but where to look."""
-    return f"internal server error (request id {request_id}; the server log has the details)"
 
 
 def request_id_of(scope: Scope) -> str:
@@ -78,7 +75,7 @@ class RequestIdMiddleware:
             logger.error("request %s failed with an internal error", request_id, exc_info=exc)
             if started:
                 raise  # an answer is half sent: only closing the connection can end it
-        body = orjson.dumps({"error": internal_error_message(request_id)})
+        body = orjson.dumps({"error": internal_message(request_id)})
         await send_with_id(
             {
                 "type": "http.response.start",

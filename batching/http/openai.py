@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from batching.answers import answer_log
+from batching.answers import answer_log, internal_message
 from batching.codecs.embed_options import EmbedOptions, plan_embedding
 from batching.codecs.embedding import run_embedding
 from batching.codecs.openai import (
@@ -54,7 +54,7 @@ from batching.service import DataPlane
 
 from .connections import hold_resends
 from .errors import CLIENT_CLOSED, recorded, status_of, with_request_id
-from .middleware import internal_error_message, request_id_of
+from .middleware import request_id_of
 from .requests import disconnect_of, read_unattributed_body, timeout_of
 
 __all__ = ["ANY_METHOD", "openai_endpoint", "openai_error", "openai_routes", "served_model"]
@@ -152,7 +152,7 @@ def openai_endpoint(handler: Endpoint, method: str) -> Endpoint:
         except Exception as exc:
             request_id = request_id_of(request.scope)
             logger.error("request %s failed with an internal error", request_id, exc_info=exc)
-            message = internal_error_message(request_id)
+            message = internal_message(request_id)
         return _json(error_document(message, "server_error", None, "internal_error"), 500)
 
     return endpoint

@@ -219,25 +219,7 @@ def embedding_plan(
 
     :raises OptionError: an unknown parameter, or an option the model cannot apply.
     """
-    options = {
-        key: value
-        for key, value in request.parameters.items()
-        if key not in TRITON_PARAMETERS and value is not None
-    }
-    for output in request.outputs:
-        for key, value in output.parameters.items():
-            if key in TRITON_OUTPUT_PARAMETERS or value is None:
-                continue
-            if key not in OUTPUT_OPTIONS:
-                raise InvalidRequest(
-                    f"output {output.name!r} has the unknown parameter {key!r}; an output "
-                    f"takes {', '.join(sorted(TRITON_OUTPUT_PARAMETERS | OUTPUT_OPTIONS))}"
-                )
-            if key in options and options[key] != value:
-                raise InvalidRequest(
-                    f"{key!r} is set both on the request and on output {output.name!r}"
-                )
-            options[key] = value
+    options = _request_options(request)
     metadata = deployment.metadata
     if serves_sparse(metadata):
         # A sparse model's options were applied by items_of (:mod:`.sparse`).
@@ -267,6 +249,35 @@ def embedding_plan(
         model=deployment.name,
         truncate_default=deployment.config.truncate,
     )
+
+
+def _request_options(request: InferRequest) -> dict[str, Any]:
+    """The embedding options ``request`` sets: its parameters but Triton's own, and its
+    requested outputs' ``encoding`` and ``dimensions``.
+
+    :raises InvalidRequest: an output parameter that is neither Triton's nor an option, or an
+        option set differently on the request and on an output.
+    """
+    options = {
+        key: value
+        for key, value in request.parameters.items()
+        if key not in TRITON_PARAMETERS and value is not None
+    }
+    for output in request.outputs:
+        for key, value in output.parameters.items():
+            if key in TRITON_OUTPUT_PARAMETERS or value is None:
+                continue
+            if key not in OUTPUT_OPTIONS:
+                raise InvalidRequest(
+                    f"output {output.name!r} has the unknown parameter {key!r}; an output "
+                    f"takes {', '.join(sorted(TRITON_OUTPUT_PARAMETERS | OUTPUT_OPTIONS))}"
+                )
+            if key in options and options[key] != value:
+                raise InvalidRequest(
+                    f"{key!r} is set both on the request and on output {output.name!r}"
+                )
+            options[key] = value
+    return options
 
 
 def embedding_tensors(
@@ -307,11 +318,7 @@ def token_plan_of(
     """
     if not asks_tokens(deployment, request):
         return None
-    options = {
-        key: value
-        for key, value in request.parameters.items()
-        if key not in TRITON_PARAMETERS and value is not None
-    }
+    options = _request_options(request)
     return token_plan(
         texts,
         token_options(options, where="the request's parameters"),

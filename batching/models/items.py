@@ -20,7 +20,6 @@ from typing import Any, Literal
 __all__ = [
     "ENCODINGS",
     "EMBEDDING_KEY",
-    "OUTPUTS",
     "DecodeItem",
     "EmbedItem",
     "Encoding",
@@ -35,7 +34,6 @@ __all__ = [
 #: What an embedding item asks for: one pooled vector, every token's vector, or a sparse
 #: vocabulary-sized vector (SPLADE).
 Output = Literal["dense", "tokens", "sparse"]
-OUTPUTS: tuple[Output, ...] = ("dense", "tokens", "sparse")
 
 #: How a dense vector is returned, with sentence-transformers' ``quantize_embeddings``
 #: semantics: float32, int8/uint8 scaled into 256 steps between per-dimension ranges

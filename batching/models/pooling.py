@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ._torch import mean_pool
+
 __all__ = ["LEGACY_POOLING_FLAGS", "POOLING_MODES", "exclude_prompt", "pool"]
 
 #: Every mode ``1_Pooling/config.json`` may name.
@@ -61,11 +63,7 @@ def _one(
 ) -> torch.Tensor:
     rows = torch.arange(hidden.shape[0], device=hidden.device)
     if mode in ("mean", "mean_sqrt_len_tokens"):
-        weights = mask.to(hidden.dtype)
-        # A batched matmul sums the masked rows without materialising hidden * mask.
-        summed = torch.bmm(weights.unsqueeze(1), hidden).squeeze(1)
-        counts = weights.sum(dim=1, keepdim=True).clamp(min=1e-9)
-        return summed / (counts if mode == "mean" else counts.sqrt())
+        return mean_pool(hidden, mask, sqrt_len=mode == "mean_sqrt_len_tokens")
     if mode == "cls":
         # The first real token: index 0 with right padding, later with left padding.
         return hidden[rows, mask.to(torch.int32).argmax(dim=1)]

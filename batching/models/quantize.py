@@ -162,10 +162,6 @@ class Calibration:
         self.normalize = normalize
         self._ranges: dict[int, np.ndarray] = {self.vectors.shape[1]: ranges_of(self.vectors)}
 
-    @property
-    def count(self) -> int:
-        return int(self.vectors.shape[0])
-
     def ranges(self, width: int | None = None) -> np.ndarray:
         """The ``[2, width]`` ranges (full width when None), computed once per width."""
         full = int(self.vectors.shape[1])

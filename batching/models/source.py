@@ -126,17 +126,23 @@ class ModelSource:
 
     def check_prompts(self, prompt: PromptOptions | None) -> None:
         """Refuse, with one line, a default prompt that cannot apply: one given for a model
-        without prompts (a pipeline task or a class), a ``--default-prompt-name`` the folder
+        without prompts (a pipeline task or a class) or one that does not take an override (a
+        sparse model), a ``--default-prompt-name`` the folder
         does not declare, or a folder whose own ``default_prompt_name`` names no prompt of it.
 
         :raises PromptConfigError: naming the known prompts.
         """
         given = prompt is not None and prompt.given
-        if self.kind in ("pipeline", "class"):
+        if self.kind in ("pipeline", "class", "sparse"):
             if given:
                 raise PromptConfigError(
                     "--default-prompt-name and --default-prompt apply to sentence-transformers "
                     f"folders and the default model; {self.describe()} takes no prompts"
+                    + (
+                        " override (a sparse folder's own default_prompt_name applies)"
+                        if self.kind == "sparse"
+                        else ""
+                    )
                 )
             return
         if self.location is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -183,7 +183,9 @@ class SparseEmbedder:
             encoded = self._encode_left(texts, [str(prepared[i][1]) for i in left])
             for position, vector in zip(left, self._vectors(encoded), strict=True):
                 outputs[position] = vector
-        return [vector for vector in outputs if vector is not None]
+        missing = [position for position, vector in enumerate(outputs) if vector is None]
+        assert not missing, f"no sparse vector for items {missing}"
+        return cast(list[SparseVector], outputs)
 
     def _vectors(self, encoded: Any) -> list[SparseVector]:
         with torch.inference_mode():
