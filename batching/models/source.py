@@ -18,6 +18,7 @@ from typing import Literal
 
 from .default import DEFAULT_MODEL_NAME, default_model_path
 from .engines.options import EngineOptions
+from .generation_tasks import is_seq2seq_task
 from .prompts import PromptConfigError, PromptOptions, read_prompts
 from .protocol import Model
 from .splade import SPARSE_TASK, is_sparse_folder, read_layout
@@ -177,6 +178,16 @@ class ModelSource:
 
             assert self.location is not None
             return SparseEmbedder(self.location, engine=engine)
+        if self.kind == "pipeline" and self.task == "text-generation":
+            from .causal import TextGenerator
+
+            assert self.location is not None
+            return TextGenerator(self.task, self.location, engine=engine)
+        if self.kind == "pipeline" and self.task is not None and is_seq2seq_task(self.task):
+            from .seq2seq import Seq2SeqGenerator
+
+            assert self.location is not None
+            return Seq2SeqGenerator(self.task, self.location, engine=engine)
         if self.kind == "pipeline":
             from .pipeline import PipelineModel
 

@@ -1,0 +1,112 @@
+"""text-generation: a decoder-only model (GPT-2, Llama, Qwen, ...) continuing each prompt,
+batched with its own ``generate`` (not the pipeline).
+
+- A tokenizer without a pad token (GPT-2's own) pads with its end-of-text token (one log
+  line at load); prompts are padded on the left, so every row's new tokens start together.
+- A prompt longer than the model's positions allow, less the ``max_new_tokens`` it asks for,
+  is cut from the left (its end is kept: that is what the model continues), or with
+  ``truncate: false`` refused with a 413 naming the limit.
+- The answer is ``{"generated_text": prompt + completion}``, as the pipeline's; with
+  ``return_full_text: false`` the completion alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+import torch
+import transformers
+
+from .generation import MAX_NEW_TOKENS_CAP, Settings, cut_at_stop
+from .generator import Generator, Prompt
+
+__all__ = ["TextGenerator"]
+
+logger = logging.getLogger("batching")
+
+
+class TextGenerator(Generator):
+    """text-generation from a local decoder-only model folder."""
+
+    auto_class: ClassVar[Any] = transformers.AutoModelForCausalLM
+    answer_key: ClassVar[str] = "generated_text"
+
+    def positions(self) -> int:
+        """The longest sequence (prompt and new tokens) the model takes."""
+        limits = [
+            limit
+            for limit in (
+                getattr(self.config, "max_position_embeddings", None),
+                getattr(self.config, "n_positions", None),
+                self.tokenizer_limit() if self._tokenizer is not None else None,
+            )
+            if isinstance(limit, int) and limit > 0
+        ]
+        return min(limits, default=MAX_NEW_TOKENS_CAP + 1)
+
+    def max_new_tokens_limit(self) -> int:
+        # At least one prompt token must fit.
+        return max(1, min(MAX_NEW_TOKENS_CAP, self.positions() - 1))
+
+    def default_length_bound(self) -> int:
+        # By default, half the positions stay for the prompt.
+        return max(1, self.positions() // 2)
+
+    def input_limit(self, settings: Settings) -> int:
+        return max(1, self.positions() - settings.max_new_tokens)
+
+    def limit_reason(self, settings: Settings) -> str:
+        return (
+            f" (its {self.positions()} positions less max_new_tokens {settings.max_new_tokens})"
+        )
+
+    def full_text(self) -> bool:
+        return True
+
+    def prepare_tokenizer(self, tokenizer: Any) -> None:
+        if tokenizer.pad_token is None:
+            if tokenizer.eos_token is None:
+                raise ValueError(
+                    f"{self.path}: the tokenizer has neither a pad token nor an end-of-text "
+                    "token to pad with; set pad_token in its tokenizer_config.json"
+                )
+            tokenizer.pad_token = tokenizer.eos_token
+            logger.info(
+                "model %s: the tokenizer has no pad token; padding with its end-of-text token %r",
+                self.name,
+                tokenizer.eos_token,
+            )
+        tokenizer.padding_side = "left"
+        tokenizer.truncation_side = "left"
+
+    def load(self, device: str) -> None:
+        super().load(device)
+        self.max_seq_length = self.positions()
+
+    def empty_input(self) -> list[int]:
+        # An empty prompt starts from the beginning-of-text token, as GPT-2 was trained to.
+        bos = self._tokenizer.bos_token_id
+        return [bos] if bos is not None else []
+
+    def batch(self, prompts: list[Prompt]) -> tuple[dict[str, torch.Tensor], int]:
+        width = max(len(prompt.ids) for prompt in prompts)
+        pad = self._tokenizer.pad_token_id
+        ids = [[pad] * (width - len(p.ids)) + p.ids for p in prompts]
+        mask = [[0] * (width - len(p.ids)) + [1] * len(p.ids) for p in prompts]
+        encoded = {
+            "input_ids": torch.tensor(ids, dtype=torch.long, device=self._device),
+            "attention_mask": torch.tensor(mask, dtype=torch.long, device=self._device),
+        }
+        return encoded, width
+
+    def answer(self, prompt: Prompt, new_ids: list[int]) -> dict[str, Any]:
+        tokenizer = self._tokenizer
+        # As the pipeline does: decode prompt and completion together and drop the prompt's
+        # decoded length, so a tokenizer that joins words across them decodes them right.
+        before = tokenizer.decode(prompt.ids, skip_special_tokens=True)
+        whole = tokenizer.decode(prompt.ids + new_ids, skip_special_tokens=True)
+        completion = cut_at_stop(whole[len(before) :], prompt.row.stop)
+        if prompt.parameters.get("return_full_text", True):
+            return {"generated_text": prompt.text + completion}
+        return {"generated_text": completion}

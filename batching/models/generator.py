@@ -1,0 +1,268 @@
+"""A model that answers each text with generated text, run by its own ``generate``: what the
+decoder-only (:mod:`.causal`) and the encoder-decoder (:mod:`.seq2seq`) generators share.
+
+``predict`` first prepares every item (tokenises it and applies its ``truncate`` rule, so an
+input the model cannot take fails the batch before any token is generated), then groups the
+batch by the parameters that change the forward pass and runs each group as one ``generate``
+call (:func:`~.generation.generate_rows`), and answers each item in its place.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import transformers
+
+from batching.errors import PayloadTooLarge, UnprocessableInput
+
+from ._torch import WEIGHTS_LOADING, TokenCounter, resolve_device, warmup_text
+from .engines.options import EngineOptions
+from .generation import (
+    MAX_NEW_TOKENS_CAP,
+    NEUTRAL,
+    Defaults,
+    Row,
+    Settings,
+    check_stop,
+    cut_at_stop,
+    generate_rows,
+    generation_params,
+    input_text,
+)
+from .parameters import PARAMETERS_KEY, Param, Parameters, TaskItem, group_by_parameters
+
+__all__ = ["Generator", "Prompt"]
+
+logger = logging.getLogger("batching")
+
+# A tokenizer without a configured limit reports a huge sentinel as model_max_length.
+_NO_LIMIT = 1_000_000
+
+
+@dataclass(slots=True)
+class Prompt:
+    """One item, prepared: its text as sent, its token ids as the model reads them, its
+    parameters and what its row asks of the generation step."""
+
+    text: str
+    ids: list[int]
+    parameters: dict[str, Any]
+    row: Row = field(default_factory=Row)
+
+
+class Generator:
+    """The shared part of a generating task's model; subclasses say how a text becomes token
+    ids, how a group is batched, and what the answer says.
+
+    :param task: the task served.
+    :param path: the local model folder.
+    :param engine: accepted for the common signature; generation always runs on torch fp32
+        (the start-up check refuses anything else).
+    """
+
+    #: The transformers class that loads the folder.
+    auto_class: ClassVar[Any] = transformers.AutoModelForCausalLM
+    #: The answer's key (``{"generated_text": ...}``).
+    answer_key: ClassVar[str] = "generated_text"
+
+    def __init__(
+        self, task: str, path: str | os.PathLike[str], engine: EngineOptions | None = None
+    ) -> None:
+        self.task = task
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise ValueError(f"model folder {str(self.path)!r} does not exist")
+        self.name = self.path.resolve().name
+        self.engine = engine
+        self.config: Any = transformers.AutoConfig.from_pretrained(str(self.path))
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._device = torch.device("cpu")
+        self._counter: TokenCounter | None = None
+        self.defaults = Defaults()
+        self.params: dict[str, Param] = {}
+        #: The longest input in tokens (before the room generation needs, for decoders).
+        self.max_seq_length: int | None = None
+
+    # -- what subclasses say ---------------------------------------------------------------
+
+    def max_new_tokens_limit(self) -> int:
+        """The most new tokens a request may ask for."""
+        return MAX_NEW_TOKENS_CAP
+
+    def default_length_bound(self) -> int:
+        """The most new tokens a request gets when it does not say."""
+        return self.max_new_tokens_limit()
+
+    def input_limit(self, settings: Settings) -> int:
+        """The most tokens an input may have with ``settings``."""
+        raise NotImplementedError
+
+    def extra_params(self) -> dict[str, Param]:
+        """Parameters of this task beyond the generation ones."""
+        return {}
+
+    def source_text(self, text: str, parameters: dict[str, Any]) -> str:
+        """The text the model reads for ``text`` (a task prefix added, ...)."""
+        return text
+
+    def batch(self, prompts: list[Prompt]) -> tuple[dict[str, torch.Tensor], int]:
+        """The padded batch of ``prompts``, and where new tokens start in the output."""
+        raise NotImplementedError
+
+    def answer(self, prompt: Prompt, new_ids: list[int]) -> dict[str, Any]:
+        """The answer to ``prompt`` from its row's new token ids."""
+        completion = cut_at_stop(
+            self._tokenizer.decode(new_ids, skip_special_tokens=True), prompt.row.stop
+        )
+        return {self.answer_key: completion}
+
+    def prepare_tokenizer(self, tokenizer: Any) -> None:
+        """Set the tokenizer up for this model kind (padding, truncation side)."""
+
+    # -- loading ----------------------------------------------------------------------------
+
+    def load(self, device: str) -> None:
+        self._device = resolve_device(device)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.path))
+        self.prepare_tokenizer(tokenizer)
+        with WEIGHTS_LOADING:
+            model = self.auto_class.from_pretrained(str(self.path), dtype=torch.float32)
+        model.to(self._device)
+        model.eval()
+        self._model, self._tokenizer = model, tokenizer
+        self.configure(model)
+        self.defaults = Defaults.of(model.generation_config, self.default_length_bound())
+        self.params = {
+            **generation_params(
+                self.defaults, self.max_new_tokens_limit(), full_text=self.full_text()
+            ),
+            **self.extra_params(),
+        }
+
+    def configure(self, model: Any) -> None:
+        """Adjust the loaded model's generation config for this task (task settings)."""
+
+    def full_text(self) -> bool:
+        return False
+
+    def tokenizer_limit(self) -> int | None:
+        limit = getattr(self._tokenizer, "model_max_length", None)
+        return limit if isinstance(limit, int) and 0 < limit < _NO_LIMIT else None
+
+    # -- serving ----------------------------------------------------------------------------
+
+    def predict(self, inputs: list[Any]) -> list[Any]:
+        if self._model is None:
+            raise RuntimeError(f"{type(self).__name__}.predict called before load()")
+        prompts = [self._prepare(index, item) for index, item in enumerate(inputs)]
+        answers: list[Any] = [None] * len(inputs)
+        for key, positions in group_by_parameters(inputs, NEUTRAL).items():
+            settings = Settings.of(dict(key), self.defaults)
+            group = [prompts[position] for position in positions]
+            encoded, offset = self.batch(group)
+            with torch.inference_mode():
+                sequences = generate_rows(
+                    self._model,
+                    self._tokenizer,
+                    encoded,
+                    settings,
+                    [prompt.row for prompt in group],
+                    offset=offset,
+                    pad_token_id=self._tokenizer.pad_token_id,
+                )
+            for row, position in enumerate(positions):
+                answers[position] = self.answer(prompts[position], sequences[row, offset:].tolist())
+        return answers
+
+    def _prepare(self, index: int, item: Any) -> Prompt:
+        """``item`` tokenised and truncated by its rule.
+
+        :raises PayloadTooLarge: too long for the model with ``truncate: false``.
+        :raises UnprocessableInput: not a text, or nothing the model can start from.
+        """
+        try:
+            text, parameters = input_text(item)
+            stop = check_stop(parameters.get("stop", ()))
+            source = self.source_text(text, parameters)
+        except (TypeError, ValueError) as exc:
+            raise UnprocessableInput(f"inputs[{index}]: {exc}") from None
+        settings = Settings.of(parameters, self.defaults)
+        limit = self.input_limit(settings)
+        ids: list[int] = self._tokenizer(source, verbose=False)["input_ids"]
+        if len(ids) > limit:
+            if not parameters.get("truncate", True):
+                raise PayloadTooLarge(
+                    f"inputs[{index}] has {len(ids)} tokens; this model takes at most {limit}"
+                    + self.limit_reason(settings)
+                    + " (send less text, or truncate: true)"
+                )
+            ids = self._tokenizer(source, truncation=True, max_length=limit)["input_ids"]
+        if not ids:
+            ids = self.empty_input()
+            if not ids:
+                raise UnprocessableInput(f"inputs[{index}] is empty: give a text to start from")
+        return Prompt(text, ids, parameters, Row(parameters.get("seed"), stop))
+
+    def limit_reason(self, settings: Settings) -> str:
+        return ""
+
+    def empty_input(self) -> list[int]:
+        """The ids an empty input starts from (none: an empty input is refused)."""
+        return []
+
+    # -- hooks ------------------------------------------------------------------------------
+
+    def _text_of(self, item: Any) -> str | None:
+        if isinstance(item, TaskItem):
+            item = item.input
+        return item if isinstance(item, str) else None
+
+    def _token_counter(self) -> TokenCounter:
+        counter = self._counter
+        if counter is None:
+            counter = self._counter = TokenCounter(self.path, self.max_seq_length)
+        return counter
+
+    def count_tokens(self, item: Any) -> int:
+        """The tokens an item costs in a batch: its input (at most the model's length) and
+        the new tokens it may generate."""
+        text = self._text_of(item)
+        if text is None:
+            return 1
+        parameters = dict(item.parameters) if isinstance(item, TaskItem) else {}
+        settings = Settings.of(parameters, self.defaults)
+        return self._token_counter().count(text) + settings.max_new_tokens
+
+    def token_length(self, item: Any, limit: int) -> int:
+        """Tokens of an item's input before truncation, counted no further than ``limit``."""
+        text = self._text_of(item)
+        if text is None:
+            return 1
+        return self._token_counter().length(text, limit)
+
+    def warmup_inputs(self, max_batch_size: int) -> list[list[Any]]:
+        """A short generation at batch 1 from an input too long for the model (truncated),
+        and at the batch cap from a short one: a model that cannot generate never reports
+        ready."""
+        short: Parameters = (("max_new_tokens", 2),)
+        long_text = warmup_text(max(16, (self.max_seq_length or 512) + 8))
+        batches = [[TaskItem(long_text, short)]]
+        if max_batch_size > 1:
+            batches.append([TaskItem(warmup_text(16), short)] * max_batch_size)
+        return batches
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
+            # The answers ({"generated_text": ...}) travel as JSON strings.
+            "outputs": [{"name": "output", "datatype": "BYTES", "shape": [-1]}],
+            "task": self.task,
+            PARAMETERS_KEY: {name: param.describe() for name, param in self.params.items()},
+        }
+

@@ -1,0 +1,176 @@
+"""summarization, translation and text2text-generation: an encoder-decoder model (T5, BART,
+Marian, ...) answering each text, batched with its own ``generate`` (transformers 5 removed
+these pipelines).
+
+- The task's entry in the model's ``config.task_specific_params`` applies as the pipelines
+  applied it: its ``prefix`` is put before each text (T5's ``"summarize: "``), its generation
+  settings (``num_beams``, ``min_length``, ``no_repeat_ngram_size``, ...) become the model's
+  defaults, and its ``max_length`` the default ``max_new_tokens``.
+- translation: the languages are the ones the model's ``translation_<src>_to_<tgt>`` entries
+  name. ``--task translation_en_to_de`` picks the default pair; a request picks another with
+  ``src_lang`` and ``tgt_lang`` (declared only when the model names several pairs). A model
+  that names none (a single-pair model such as Marian's) translates as it was trained. A
+  model whose tokenizer selects languages by language-code tokens (mBART, M2M100, NLLB) is
+  refused at load.
+- An input longer than the encoder's limit is cut at the end (the start is kept), or with
+  ``truncate: false`` refused with a 413 naming the limit.
+- Answers: ``{"summary_text"}``, ``{"translation_text"}``, ``{"generated_text"}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import transformers
+
+from .generation import MAX_NEW_TOKENS_CAP, Settings
+from .generation_tasks import SEQ2SEQ_TASKS, pair_of
+from .generator import Generator, Prompt
+from .parameters import Param
+
+__all__ = ["Seq2SeqGenerator"]
+
+# task_specific_params keys that are not generation settings.
+_NOT_GENERATION = frozenset({"prefix", "max_length"})
+
+
+class Seq2SeqGenerator(Generator):
+    """An encoder-decoder task from a local model folder."""
+
+    auto_class: ClassVar[Any] = transformers.AutoModelForSeq2SeqLM
+
+    def __init__(self, task: str, *args: Any, **kwargs: Any) -> None:
+        pair = pair_of(task)
+        super().__init__("translation" if pair else task, *args, **kwargs)
+        self.answer_key_of = SEQ2SEQ_TASKS[self.task]
+        params = getattr(self.config, "task_specific_params", None) or {}
+        self._task_params: dict[str, Any] = params if isinstance(params, dict) else {}
+        #: The translation pairs the model names, and their entries.
+        self.pairs: dict[tuple[str, str], dict[str, Any]] = {}
+        for key, value in self._task_params.items():
+            found = pair_of(key)
+            if found and isinstance(value, dict):
+                self.pairs[found] = value
+        self.pair: tuple[str, str] | None = None
+        if self.task == "translation":
+            if pair is not None:
+                self.pair = pair
+                if self.pairs and self.pair not in self.pairs:
+                    raise ValueError(
+                        f"{self.path}: the model translates {_pairs(self.pairs)}, not "
+                        f"{self.pair[0]} to {self.pair[1]}"
+                    )
+            elif len(self.pairs) == 1:
+                self.pair = next(iter(self.pairs))
+            elif self.pairs:
+                raise ValueError(
+                    f"{self.path}: the model translates {_pairs(self.pairs)}; say which is the "
+                    "default with --task translation_<src>_to_<tgt>"
+                )
+
+    def _entry(self) -> dict[str, Any]:
+        """The task's own entry of ``task_specific_params``."""
+        if self.task == "translation":
+            return self.pairs.get(self.pair, {}) if self.pair else {}
+        entry = self._task_params.get(self.task)
+        return entry if isinstance(entry, dict) else {}
+
+    def prepare_tokenizer(self, tokenizer: Any) -> None:
+        if self.task == "translation" and getattr(tokenizer, "src_lang", None) is not None:
+            raise ValueError(
+                f"{self.path}: this tokenizer picks languages by language-code tokens (mBART, "
+                "M2M100, NLLB), which the translation task does not serve; use a model "
+                "trained for one pair or with task prefixes (Marian, T5)"
+            )
+        if tokenizer.pad_token is None:
+            raise ValueError(f"{self.path}: the tokenizer has no pad token")
+        tokenizer.padding_side = "right"
+        tokenizer.truncation_side = "right"
+
+    def configure(self, model: Any) -> None:
+        entry = self._entry()
+        settings = {
+            key: value
+            for key, value in entry.items()
+            if key not in _NOT_GENERATION and hasattr(model.generation_config, key)
+        }
+        if settings:
+            model.generation_config.update(**settings)
+        length = entry.get("max_length")
+        if isinstance(length, int) and length > 1 and model.generation_config.max_new_tokens is None:
+            # max_length counts the decoder's start token.
+            model.generation_config.max_new_tokens = length - 1
+        self.max_seq_length = self.tokenizer_limit() or _positions(self.config) or 512
+
+    def max_new_tokens_limit(self) -> int:
+        positions = _positions(self.config)
+        return MAX_NEW_TOKENS_CAP if positions is None else max(1, min(MAX_NEW_TOKENS_CAP, positions - 1))
+
+    def input_limit(self, settings: Settings) -> int:
+        return self.max_seq_length or 512
+
+    def extra_params(self) -> dict[str, Param]:
+        if self.task != "translation" or len(self.pairs) < 2 or self.pair is None:
+            return {}
+        sources = tuple(sorted({source for source, _ in self.pairs}))
+        targets = tuple(sorted({target for _, target in self.pairs}))
+        return {
+            "src_lang": Param(
+                "src_lang",
+                "string",
+                default=self.pair[0],
+                choices=sources,
+                batch_neutral=True,
+                doc="the language of the text",
+            ),
+            "tgt_lang": Param(
+                "tgt_lang",
+                "string",
+                default=self.pair[1],
+                choices=targets,
+                batch_neutral=True,
+                doc="the language to translate to",
+            ),
+        }
+
+    def source_text(self, text: str, parameters: dict[str, Any]) -> str:
+        if self.task != "translation" or self.pair is None:
+            prefix = self._entry().get("prefix")
+            return f"{prefix}{text}" if isinstance(prefix, str) else text
+        pair = (
+            str(parameters.get("src_lang", self.pair[0])),
+            str(parameters.get("tgt_lang", self.pair[1])),
+        )
+        entry = self.pairs.get(pair)
+        if entry is None:
+            raise ValueError(
+                f"this model translates {_pairs(self.pairs)}, not {pair[0]} to {pair[1]}"
+            )
+        prefix = entry.get("prefix")
+        return f"{prefix}{text}" if isinstance(prefix, str) else text
+
+    def batch(self, prompts: list[Prompt]) -> tuple[dict[str, torch.Tensor], int]:
+        width = max(len(prompt.ids) for prompt in prompts)
+        pad = self._tokenizer.pad_token_id
+        ids = [p.ids + [pad] * (width - len(p.ids)) for p in prompts]
+        mask = [[1] * len(p.ids) + [0] * (width - len(p.ids)) for p in prompts]
+        encoded = {
+            "input_ids": torch.tensor(ids, dtype=torch.long, device=self._device),
+            "attention_mask": torch.tensor(mask, dtype=torch.long, device=self._device),
+        }
+        # The decoder's output starts with its start token.
+        return encoded, 1
+
+    def answer(self, prompt: Prompt, new_ids: list[int]) -> dict[str, Any]:
+        text = super().answer(prompt, new_ids)[self.answer_key]
+        return {self.answer_key_of: text}
+
+
+def _positions(config: Any) -> int | None:
+    limit = getattr(config, "max_position_embeddings", None)
+    return limit if isinstance(limit, int) and limit > 0 else None
+
+
+def _pairs(pairs: dict[tuple[str, str], Any]) -> str:
+    return ", ".join(f"{source} to {target}" for source, target in sorted(pairs))

@@ -1,0 +1,134 @@
+"""Tiny randomly initialised generating models written to a folder: a GPT-2 with GPT-2's own
+tokenizer class (byte-level BPE, no pad token), and a T5 and a BART for the encoder-decoder
+tasks. Built from a config, offline, in well under a second."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.support.tiny import WORDS  # sets HF_HUB_OFFLINE before transformers is imported
+
+import torch  # noqa: E402  (after tiny, which sets the offline switches)
+import transformers  # noqa: E402
+
+#: The GPT-2's positions: prompts and new tokens together.
+GPT2_POSITIONS = 32
+#: The encoder-decoders' input limit in tokens.
+SEQ2SEQ_MAX_INPUT = 40
+
+_CORPUS = [" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))]
+
+
+def _byte_level_files(folder: Path, specials: list[str]) -> tuple[str, str]:
+    """vocab.json and merges.txt of a small byte-level BPE trained on the test words."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    trainer = ByteLevelBPETokenizer()
+    trainer.train_from_iterator(_CORPUS, vocab_size=320, min_frequency=1, special_tokens=specials)
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab, merges = trainer.save_model(str(folder))
+    return vocab, merges
+
+
+def gpt2_folder(root: Path, name: str = "gpt2") -> Path:
+    """A GPT-2 whose tokenizer has no pad token, as GPT-2's own has none."""
+    folder = root / name
+    vocab, merges = _byte_level_files(folder, ["<|endoftext|>"])
+    tokenizer = transformers.GPT2Tokenizer(vocab=vocab, merges=merges)
+    assert tokenizer.pad_token is None
+    tokenizer.model_max_length = GPT2_POSITIONS
+    tokenizer.save_pretrained(folder)
+    eos = tokenizer.eos_token_id
+    config = transformers.GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=GPT2_POSITIONS,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        initializer_range=0.5,
+    )
+    torch.manual_seed(3)
+    transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    return folder
+
+
+def t5_folder(root: Path, name: str = "t5") -> Path:
+    """A T5 naming a summarization prefix and two translation pairs in its
+    ``task_specific_params``, as t5-small does, with a byte-level tokenizer."""
+    folder = root / name
+    specials = ["<pad>", "</s>", "<unk>"]
+    vocab, merges = _byte_level_files(folder, specials)
+    backend = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=None,
+        tokenizer_object=_bpe(vocab, merges, "</s>"),
+        pad_token="<pad>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        model_max_length=SEQ2SEQ_MAX_INPUT,
+    )
+    backend.save_pretrained(folder)
+    config = transformers.T5Config(
+        vocab_size=len(backend),
+        d_model=32,
+        d_kv=8,
+        d_ff=37,
+        num_layers=2,
+        num_heads=2,
+        pad_token_id=backend.pad_token_id,
+        eos_token_id=backend.eos_token_id,
+        decoder_start_token_id=backend.pad_token_id,
+        initializer_factor=4.0,
+        task_specific_params={
+            "summarization": {"prefix": "summarize: ", "max_length": 9},
+            "translation_en_to_de": {"prefix": "translate English to German: "},
+            "translation_en_to_fr": {"prefix": "translate English to French: "},
+        },
+    )
+    torch.manual_seed(4)
+    transformers.T5ForConditionalGeneration(config).save_pretrained(folder)
+    return folder
+
+
+def bart_folder(root: Path, name: str = "bart") -> Path:
+    """A BART with BART's own tokenizer class."""
+    folder = root / name
+    vocab, merges = _byte_level_files(folder, ["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    tokenizer = transformers.BartTokenizer(vocab=vocab, merges=merges)
+    tokenizer.model_max_length = SEQ2SEQ_MAX_INPUT
+    tokenizer.save_pretrained(folder)
+    config = transformers.BartConfig(
+        vocab_size=len(tokenizer),
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=37,
+        decoder_ffn_dim=37,
+        max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.eos_token_id,
+        forced_eos_token_id=tokenizer.eos_token_id,
+        init_std=0.5,
+    )
+    torch.manual_seed(5)
+    transformers.BartForConditionalGeneration(config).save_pretrained(folder)
+    return folder
+
+
+def _bpe(vocab: str, merges: str, eos: str) -> object:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    tokenizer = Tokenizer(models.BPE.from_file(vocab, merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    eos_id = json.loads(Path(vocab).read_text())[eos]
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"$A {eos}", special_tokens=[(eos, eos_id)]
+    )
+    return tokenizer
