@@ -20,7 +20,13 @@ from batching.models.causal import TextGenerator
 from batching.models.parameters import TaskItem
 from batching.models.seq2seq import Seq2SeqGenerator
 from batching.models.source import ModelSource
-from tests.support.generators import GPT2_POSITIONS, SEQ2SEQ_MAX_INPUT, bart_folder, gpt2_folder, t5_folder
+from tests.support.generators import (
+    GPT2_POSITIONS,
+    SEQ2SEQ_MAX_INPUT,
+    bart_folder,
+    gpt2_folder,
+    t5_folder,
+)
 
 PROMPTS = [
     "the cat sat on the mat",
@@ -104,9 +110,9 @@ def test_greedy_answers_equal_direct_generate_alone_and_batched(
 
 def test_return_full_text_false_is_the_completion_alone(gpt2: TextGenerator) -> None:
     full = gpt2.predict([TaskItem("a dog", (("max_new_tokens", 5),))])[0]["generated_text"]
-    alone = gpt2.predict(
-        [TaskItem("a dog", (("max_new_tokens", 5), ("return_full_text", False)))]
-    )[0]["generated_text"]
+    alone = gpt2.predict([TaskItem("a dog", (("max_new_tokens", 5), ("return_full_text", False)))])[
+        0
+    ]["generated_text"]
     assert full == "a dog" + alone and alone
 
 
@@ -272,12 +278,8 @@ def test_translation_picks_the_pair_by_task_or_by_request(folders: dict[str, Pat
         "batch_neutral": True,
         "doc": "the language to translate to",
     }
-    french = direct_seq2seq(
-        folders["t5"], "translate English to French: the cat", max_new_tokens=5
-    )
-    german = direct_seq2seq(
-        folders["t5"], "translate English to German: the cat", max_new_tokens=5
-    )
+    french = direct_seq2seq(folders["t5"], "translate English to French: the cat", max_new_tokens=5)
+    german = direct_seq2seq(folders["t5"], "translate English to German: the cat", max_new_tokens=5)
     assert french != german
     items = [
         TaskItem("the cat", (("max_new_tokens", 5),)),

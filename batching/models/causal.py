@@ -20,6 +20,8 @@ import transformers
 
 from .generation import MAX_NEW_TOKENS_CAP, Settings, cut_at_stop
 from .generator import Generator, Prompt
+from .parameters import Param
+from .tasks.generation import TEXT_GENERATION
 
 __all__ = ["TextGenerator"]
 
@@ -57,12 +59,10 @@ class TextGenerator(Generator):
         return max(1, self.positions() - settings.max_new_tokens)
 
     def limit_reason(self, settings: Settings) -> str:
-        return (
-            f" (its {self.positions()} positions less max_new_tokens {settings.max_new_tokens})"
-        )
+        return f" (its {self.positions()} positions less max_new_tokens {settings.max_new_tokens})"
 
-    def full_text(self) -> bool:
-        return True
+    def declared(self) -> tuple[Param, ...]:
+        return TEXT_GENERATION
 
     def prepare_tokenizer(self, tokenizer: Any) -> None:
         if tokenizer.pad_token is None:

@@ -14,14 +14,14 @@ row's text never depends on the rows it is batched with:
 
 Parameters that change the forward pass (``max_new_tokens``, ``do_sample``, ``temperature``,
 ``top_p``, ``top_k``, ``repetition_penalty``) group a batch (:func:`group_by_parameters`);
-the others (:data:`NEUTRAL`) are per row.
+the ``batch_neutral`` others are per row.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -36,11 +36,11 @@ from transformers.generation.logits_process import (
 from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
 
 from .parameters import Param, TaskItem
+from .tasks.generation import MAX_STOP_LENGTH, MAX_STOP_STRINGS
 
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
     "MAX_NEW_TOKENS_CAP",
-    "NEUTRAL",
     "Defaults",
     "Row",
     "RowSampler",
@@ -57,12 +57,6 @@ __all__ = [
 DEFAULT_MAX_NEW_TOKENS = 64
 #: The most new tokens a request may ask for when the model's positions do not bound it.
 MAX_NEW_TOKENS_CAP = 4096
-#: Stop strings a request may give, and the longest one (characters).
-MAX_STOP_STRINGS = 16
-MAX_STOP_LENGTH = 256
-#: Parameters that never change a row's forward pass: rows differing only in them share one
-#: ``generate`` call.
-NEUTRAL = ("seed", "stop", "truncate", "return_full_text", "src_lang", "tgt_lang")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,93 +89,18 @@ class Defaults:
 
 
 def generation_params(
-    defaults: Defaults, max_new_tokens: int, *, full_text: bool = False
+    declared: Sequence[Param], defaults: Defaults, max_new_tokens: int
 ) -> dict[str, Param]:
-    """The request parameters every generating task takes.
-
-    :param defaults: what a request that sets none gets.
-    :param max_new_tokens: the most new tokens a request may ask for.
-    :param full_text: declare ``return_full_text`` (text-generation).
-    """
-    params = [
-        Param(
-            "max_new_tokens",
-            "integer",
-            default=defaults.max_new_tokens,
-            minimum=1,
-            maximum=max_new_tokens,
-            doc="the most tokens to generate",
-        ),
-        Param(
-            "do_sample",
-            "boolean",
-            default=defaults.do_sample,
-            doc="sample the next token (false: the most likely one)",
-        ),
-        Param(
-            "temperature",
-            "number",
-            default=defaults.temperature,
-            minimum=0.0,
-            maximum=100.0,
-            doc="divides the logits before sampling; 0 picks the most likely token",
-        ),
-        Param(
-            "top_p",
-            "number",
-            default=defaults.top_p,
-            minimum=0.0,
-            maximum=1.0,
-            doc="sample from the smallest set of tokens whose probability reaches top_p",
-        ),
-        Param(
-            "top_k",
-            "integer",
-            default=defaults.top_k,
-            minimum=0,
-            doc="sample from the top_k most likely tokens (0: all)",
-        ),
-        Param(
-            "repetition_penalty",
-            "number",
-            default=defaults.repetition_penalty,
-            minimum=0.01,
-            maximum=100.0,
-            doc="divides the logits of tokens already in the text (1: none)",
-        ),
-        Param(
-            "seed",
-            "integer",
-            minimum=0,
-            maximum=2**63 - 1,
-            batch_neutral=True,
-            doc="makes sampling reproducible: the same text alone or in any batch",
-        ),
-        Param(
-            "stop",
-            "strings",
-            batch_neutral=True,
-            doc=f"up to {MAX_STOP_STRINGS} strings: the answer ends before the first one",
-        ),
-        Param(
-            "truncate",
-            "boolean",
-            default=True,
-            batch_neutral=True,
-            doc="cut an input too long for the model (false: 413 naming the limit)",
-        ),
-    ]
-    if full_text:
-        params.append(
-            Param(
-                "return_full_text",
-                "boolean",
-                default=True,
-                batch_neutral=True,
-                doc="the prompt followed by the completion (false: the completion alone)",
-            )
-        )
-    return {param.name: param for param in params}
+    """A task's declared parameters (:mod:`batching.models.tasks.generation`) with one
+    model's numbers: its defaults, and the most new tokens it may generate."""
+    params: dict[str, Param] = {}
+    for param in declared:
+        if param.name == "max_new_tokens":
+            param = replace(param, default=defaults.max_new_tokens, maximum=max_new_tokens)
+        elif param.name in Defaults.__dataclass_fields__:
+            param = replace(param, default=getattr(defaults, param.name))
+        params[param.name] = param
+    return params
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,6 @@ from ._torch import WEIGHTS_LOADING, TokenCounter, resolve_device, warmup_text
 from .engines.options import EngineOptions
 from .generation import (
     MAX_NEW_TOKENS_CAP,
-    NEUTRAL,
     Defaults,
     Row,
     Settings,
@@ -86,6 +85,7 @@ class Generator:
         self._counter: TokenCounter | None = None
         self.defaults = Defaults()
         self.params: dict[str, Param] = {}
+        self.neutral: tuple[str, ...] = ()
         #: The longest input in tokens (before the room generation needs, for decoders).
         self.max_seq_length: int | None = None
 
@@ -103,9 +103,13 @@ class Generator:
         """The most tokens an input may have with ``settings``."""
         raise NotImplementedError
 
-    def extra_params(self) -> dict[str, Param]:
-        """Parameters of this task beyond the generation ones."""
-        return {}
+    def declared(self) -> tuple[Param, ...]:
+        """The parameters the task declares (:mod:`batching.models.tasks.generation`)."""
+        raise NotImplementedError
+
+    def model_params(self, params: dict[str, Param]) -> dict[str, Param]:
+        """``params`` as this model takes them (languages it names, ...)."""
+        return params
 
     def source_text(self, text: str, parameters: dict[str, Any]) -> str:
         """The text the model reads for ``text`` (a task prefix added, ...)."""
@@ -138,18 +142,13 @@ class Generator:
         self._model, self._tokenizer = model, tokenizer
         self.configure(model)
         self.defaults = Defaults.of(model.generation_config, self.default_length_bound())
-        self.params = {
-            **generation_params(
-                self.defaults, self.max_new_tokens_limit(), full_text=self.full_text()
-            ),
-            **self.extra_params(),
-        }
+        self.params = self.model_params(
+            generation_params(self.declared(), self.defaults, self.max_new_tokens_limit())
+        )
+        self.neutral = tuple(name for name, param in self.params.items() if param.batch_neutral)
 
     def configure(self, model: Any) -> None:
         """Adjust the loaded model's generation config for this task (task settings)."""
-
-    def full_text(self) -> bool:
-        return False
 
     def tokenizer_limit(self) -> int | None:
         limit = getattr(self._tokenizer, "model_max_length", None)
@@ -162,7 +161,7 @@ class Generator:
             raise RuntimeError(f"{type(self).__name__}.predict called before load()")
         prompts = [self._prepare(index, item) for index, item in enumerate(inputs)]
         answers: list[Any] = [None] * len(inputs)
-        for key, positions in group_by_parameters(inputs, NEUTRAL).items():
+        for key, positions in group_by_parameters(inputs, self.neutral).items():
             settings = Settings.of(dict(key), self.defaults)
             group = [prompts[position] for position in positions]
             encoded, offset = self.batch(group)
@@ -265,4 +264,3 @@ class Generator:
             "task": self.task,
             PARAMETERS_KEY: {name: param.describe() for name, param in self.params.items()},
         }
-

@@ -19,18 +19,25 @@ these pipelines).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
 import transformers
 
 from .generation import MAX_NEW_TOKENS_CAP, Settings
-from .generation_tasks import SEQ2SEQ_TASKS, pair_of
 from .generator import Generator, Prompt
 from .parameters import Param
+from .tasks.generation import SUMMARIZATION, TEXT2TEXT_GENERATION, TRANSLATION, pair_of
 
 __all__ = ["Seq2SeqGenerator"]
 
+#: The tasks served, what they declare, and the key of their answers.
+_TASKS: dict[str, tuple[tuple[Param, ...], str]] = {
+    "summarization": (SUMMARIZATION, "summary_text"),
+    "translation": (TRANSLATION, "translation_text"),
+    "text2text-generation": (TEXT2TEXT_GENERATION, "generated_text"),
+}
 # task_specific_params keys that are not generation settings.
 _NOT_GENERATION = frozenset({"prefix", "max_length"})
 
@@ -43,7 +50,9 @@ class Seq2SeqGenerator(Generator):
     def __init__(self, task: str, *args: Any, **kwargs: Any) -> None:
         pair = pair_of(task)
         super().__init__("translation" if pair else task, *args, **kwargs)
-        self.answer_key_of = SEQ2SEQ_TASKS[self.task]
+        if self.task not in _TASKS:
+            raise ValueError(f"{task!r} is not an encoder-decoder task")
+        self._declared, self.answer_key_of = _TASKS[self.task]
         params = getattr(self.config, "task_specific_params", None) or {}
         self._task_params: dict[str, Any] = params if isinstance(params, dict) else {}
         #: The translation pairs the model names, and their entries.
@@ -98,40 +107,41 @@ class Seq2SeqGenerator(Generator):
         if settings:
             model.generation_config.update(**settings)
         length = entry.get("max_length")
-        if isinstance(length, int) and length > 1 and model.generation_config.max_new_tokens is None:
+        if (
+            isinstance(length, int)
+            and length > 1
+            and model.generation_config.max_new_tokens is None
+        ):
             # max_length counts the decoder's start token.
             model.generation_config.max_new_tokens = length - 1
         self.max_seq_length = self.tokenizer_limit() or _positions(self.config) or 512
 
     def max_new_tokens_limit(self) -> int:
         positions = _positions(self.config)
-        return MAX_NEW_TOKENS_CAP if positions is None else max(1, min(MAX_NEW_TOKENS_CAP, positions - 1))
+        return (
+            MAX_NEW_TOKENS_CAP
+            if positions is None
+            else max(1, min(MAX_NEW_TOKENS_CAP, positions - 1))
+        )
 
     def input_limit(self, settings: Settings) -> int:
         return self.max_seq_length or 512
 
-    def extra_params(self) -> dict[str, Param]:
-        if self.task != "translation" or len(self.pairs) < 2 or self.pair is None:
-            return {}
+    def declared(self) -> tuple[Param, ...]:
+        return self._declared
+
+    def model_params(self, params: dict[str, Param]) -> dict[str, Param]:
+        if self.task != "translation":
+            return params
+        if not self.pairs or self.pair is None:
+            # A model that names no pairs translates as it was trained: no languages to pick.
+            return {k: v for k, v in params.items() if k not in ("src_lang", "tgt_lang")}
         sources = tuple(sorted({source for source, _ in self.pairs}))
         targets = tuple(sorted({target for _, target in self.pairs}))
         return {
-            "src_lang": Param(
-                "src_lang",
-                "string",
-                default=self.pair[0],
-                choices=sources,
-                batch_neutral=True,
-                doc="the language of the text",
-            ),
-            "tgt_lang": Param(
-                "tgt_lang",
-                "string",
-                default=self.pair[1],
-                choices=targets,
-                batch_neutral=True,
-                doc="the language to translate to",
-            ),
+            **params,
+            "src_lang": replace(params["src_lang"], default=self.pair[0], choices=sources),
+            "tgt_lang": replace(params["tgt_lang"], default=self.pair[1], choices=targets),
         }
 
     def source_text(self, text: str, parameters: dict[str, Any]) -> str:

@@ -18,11 +18,10 @@ from typing import Literal
 
 from .default import DEFAULT_MODEL_NAME, default_model_path
 from .engines.options import EngineOptions
-from .generation_tasks import is_seq2seq_task
 from .prompts import PromptConfigError, PromptOptions, read_prompts
 from .protocol import Model
 from .splade import SPARSE_TASK, is_sparse_folder, read_layout
-from .tasks.table import TASKS, UnknownTask, resolve_task
+from .tasks.table import UnknownTask, resolve_task, row_of
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -186,19 +185,9 @@ class ModelSource:
 
             assert self.location is not None
             return SparseEmbedder(self.location, engine=engine)
-        if self.kind == "pipeline" and self.task == "text-generation":
-            from .causal import TextGenerator
-
-            assert self.location is not None
-            return TextGenerator(self.task, self.location, engine=engine)
-        if self.kind == "pipeline" and self.task is not None and is_seq2seq_task(self.task):
-            from .seq2seq import Seq2SeqGenerator
-
-            assert self.location is not None
-            return Seq2SeqGenerator(self.task, self.location, engine=engine)
         if self.kind == "pipeline":
             assert self.location is not None and self.task is not None
-            serving = TASKS[self.task].server_class()
+            serving = row_of(self.task).server_class()
             model: Model = serving(self.task, self.location, engine=engine)
             return model
         from .sentence import SentenceEmbedder

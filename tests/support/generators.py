@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.support.tiny import WORDS  # sets HF_HUB_OFFLINE before transformers is imported
+import torch
+import transformers
 
-import torch  # noqa: E402  (after tiny, which sets the offline switches)
-import transformers  # noqa: E402
+from tests.support.tiny import WORDS
 
 #: The GPT-2's positions: prompts and new tokens together.
 GPT2_POSITIONS = 32

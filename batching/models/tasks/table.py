@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batching.models.parameters import InvalidParameter, Param, Parameters
+from batching.models.tasks.generation import pair_of
 
 __all__ = [
     "ALIASES",
@@ -30,11 +31,15 @@ __all__ = [
     "check_defaults",
     "declared",
     "resolve_task",
+    "row_of",
     "served_tasks",
 ]
 
 #: What serves the text tasks: one transformers pipeline per model.
 PIPELINE = "batching.models.pipeline:PipelineModel"
+#: What serves the generating tasks: the model's own generate, batched.
+TEXT_GENERATOR = "batching.models.causal:TextGenerator"
+SEQ2SEQ_GENERATOR = "batching.models.seq2seq:Seq2SeqGenerator"
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +77,12 @@ TASKS: dict[str, Task] = {
     "text-classification": Task(PIPELINE, "text:TEXT_CLASSIFICATION"),
     "token-classification": Task(PIPELINE, "text:TOKEN_CLASSIFICATION"),
     # Zero-shot classification.
-    # Generation.
+    # Generation, through the model's own generate (batching/models/causal.py, seq2seq.py);
+    # translation_<src>_to_<tgt> is translation from one pair the model names.
+    "text-generation": Task(TEXT_GENERATOR, "generation:TEXT_GENERATION"),
+    "summarization": Task(SEQ2SEQ_GENERATOR, "generation:SUMMARIZATION"),
+    "translation": Task(SEQ2SEQ_GENERATOR, "generation:TRANSLATION"),
+    "text2text-generation": Task(SEQ2SEQ_GENERATOR, "generation:TEXT2TEXT_GENERATION"),
     # Images.
     # Audio.
 }
@@ -122,7 +132,7 @@ def resolve_task(name: str) -> str:
         name (listing the served ones).
     """
     task = ALIASES.get(name, name)
-    if task in TASKS:
+    if task in TASKS or (pair_of(task) is not None and "translation" in TASKS):
         return task
     removed = "translation" if name.startswith("translation_") else name
     if removed in REMOVED:
@@ -138,7 +148,13 @@ def resolve_task(name: str) -> str:
 
 def declared(task: str) -> dict[str, Param]:
     """The parameters ``task`` (a served task or alias) declares, by name."""
-    return {param.name: param for param in TASKS[resolve_task(task)].declared()}
+    return {param.name: param for param in row_of(resolve_task(task)).declared()}
+
+
+def row_of(task: str) -> Task:
+    """The row serving ``task``, a resolved task (``translation_<src>_to_<tgt>``:
+    translation's)."""
+    return TASKS["translation" if pair_of(task) is not None else task]
 
 
 def check_defaults(task: str, defaults: Mapping[str, Any]) -> Parameters:
