@@ -24,6 +24,8 @@ from tests.support.generators import (
     GPT2_POSITIONS,
     SEQ2SEQ_MAX_INPUT,
     bart_folder,
+    completion_of,
+    direct,
     gpt2_folder,
     t5_folder,
 )
@@ -58,26 +60,6 @@ def reference(folders: dict[str, Path]) -> tuple[Any, Any]:
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(folders["gpt2"]))
     model = transformers.AutoModelForCausalLM.from_pretrained(str(folders["gpt2"])).eval()
     return tokenizer, model
-
-
-def direct(reference: tuple[Any, Any], ids: list[int], **kwargs: Any) -> list[int]:
-    """The new tokens of one unpadded ``generate`` call, greedy."""
-    tokenizer, model = reference
-    with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([ids]),
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            do_sample=False,
-            pad_token_id=tokenizer.eos_token_id,
-            **kwargs,
-        )
-    return list(out[0, len(ids) :].tolist())
-
-
-def completion_of(reference: tuple[Any, Any], ids: list[int], new: list[int]) -> str:
-    tokenizer = reference[0]
-    before = tokenizer.decode(ids, skip_special_tokens=True)
-    return str(tokenizer.decode(ids + new, skip_special_tokens=True))[len(before) :]
 
 
 def test_a_tokenizer_without_pad_token_pads_with_eos_and_says_so(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
@@ -132,3 +133,31 @@ def _bpe(vocab: str, merges: str, eos: str) -> object:
         single=f"$A {eos}", special_tokens=[(eos, eos_id)]
     )
     return tokenizer
+
+
+def direct(reference: tuple[Any, Any], ids: list[int], **kwargs: Any) -> list[int]:
+    """The new tokens of one unpadded ``generate`` call on a causal ``(tokenizer, model)``,
+    greedy."""
+    tokenizer, model = reference
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            do_sample=False,
+            pad_token_id=tokenizer.eos_token_id,
+            **kwargs,
+        )
+    return list(out[0, len(ids) :].tolist())
+
+
+def completion_of(reference: tuple[Any, Any], ids: list[int], new: list[int]) -> str:
+    """The text ``new`` adds to ``ids``, decoded as the pipeline does."""
+    tokenizer = reference[0]
+    before = tokenizer.decode(ids, skip_special_tokens=True)
+    return str(tokenizer.decode(ids + new, skip_special_tokens=True))[len(before) :]
+
+
+def causal_reference(folder: Path) -> tuple[Any, Any]:
+    """A causal model folder as transformers loads it, for direct ``generate`` calls."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+    return tokenizer, transformers.AutoModelForCausalLM.from_pretrained(str(folder)).eval()
