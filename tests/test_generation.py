@@ -128,10 +128,16 @@ def test_a_seed_gives_the_same_text_alone_or_in_any_batch(gpt2: TextGenerator) -
 
 def test_temperature_zero_is_greedy(gpt2: TextGenerator) -> None:
     greedy = gpt2.predict([TaskItem("a dog", (("max_new_tokens", 6),))])
-    cold = gpt2.predict(
-        [TaskItem("a dog", (("do_sample", True), ("max_new_tokens", 6), ("temperature", 0.0)))]
-    )
-    assert cold == greedy
+    for temperature in (0.0, 1e-300):
+        cold = gpt2.predict(
+            [
+                TaskItem(
+                    "a dog",
+                    (("do_sample", True), ("max_new_tokens", 6), ("temperature", temperature)),
+                )
+            ]
+        )
+        assert cold == greedy
 
 
 def test_the_answer_ends_before_the_first_stop_string(gpt2: TextGenerator) -> None:

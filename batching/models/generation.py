@@ -12,9 +12,9 @@ row's text never depends on the rows it is batched with:
 - **stop strings** are checked by :class:`StopTexts`, a stopping criterion that ends each row
   when its own generated text holds one of its own stop strings.
 
-Parameters that change the forward pass (``max_new_tokens``, ``do_sample``, ``temperature``,
-``top_p``, ``top_k``, ``repetition_penalty``) group a batch (:func:`group_by_parameters`);
-the ``batch_neutral`` others are per row.
+Rows share one call where their :class:`Settings` match (``max_new_tokens``, ``do_sample``,
+``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``); the ``batch_neutral``
+parameters are per row.
 """
 
 from __future__ import annotations
@@ -55,6 +55,8 @@ __all__ = [
 #: ``max_new_tokens`` when neither the request, the repository nor the model's generation
 #: config sets it.
 DEFAULT_MAX_NEW_TOKENS = 64
+#: Below this temperature, sampling picks the most likely token.
+MIN_TEMPERATURE = 1e-4
 #: The most new tokens a request may ask for when the model's positions do not bound it.
 MAX_NEW_TOKENS_CAP = 4096
 
@@ -123,8 +125,9 @@ class Settings:
         temperature = float(get("temperature"))
         return cls(
             max_new_tokens=int(get("max_new_tokens")),
-            # A temperature of 0 means the most likely token, as in OpenAI's API.
-            do_sample=bool(get("do_sample")) and temperature > 0,
+            # A temperature of 0 means the most likely token, as in OpenAI's API (and one
+            # too small to divide float32 logits by is taken as 0).
+            do_sample=bool(get("do_sample")) and temperature >= MIN_TEMPERATURE,
             temperature=temperature,
             top_p=float(get("top_p")),
             top_k=int(get("top_k")),

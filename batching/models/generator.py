@@ -33,7 +33,7 @@ from .generation import (
     generation_params,
     input_text,
 )
-from .parameters import PARAMETERS_KEY, Param, Parameters, TaskItem, group_by_parameters
+from .parameters import PARAMETERS_KEY, Param, Parameters, TaskItem
 
 __all__ = ["Generator", "Prompt"]
 
@@ -51,6 +51,7 @@ class Prompt:
     text: str
     ids: list[int]
     parameters: dict[str, Any]
+    settings: Settings
     row: Row = field(default_factory=Row)
 
 
@@ -85,7 +86,6 @@ class Generator:
         self._counter: TokenCounter | None = None
         self.defaults = Defaults()
         self.params: dict[str, Param] = {}
-        self.neutral: tuple[str, ...] = ()
         #: The longest input in tokens (before the room generation needs, for decoders).
         self.max_seq_length: int | None = None
 
@@ -145,7 +145,6 @@ class Generator:
         self.params = self.model_params(
             generation_params(self.declared(), self.defaults, self.max_new_tokens_limit())
         )
-        self.neutral = tuple(name for name, param in self.params.items() if param.batch_neutral)
 
     def configure(self, model: Any) -> None:
         """Adjust the loaded model's generation config for this task (task settings)."""
@@ -161,8 +160,13 @@ class Generator:
             raise RuntimeError(f"{type(self).__name__}.predict called before load()")
         prompts = [self._prepare(index, item) for index, item in enumerate(inputs)]
         answers: list[Any] = [None] * len(inputs)
-        for key, positions in group_by_parameters(inputs, self.neutral).items():
-            settings = Settings.of(dict(key), self.defaults)
+        # One generate call per group of rows whose settings match: the parameters that are
+        # not batch-neutral, as the request, the repository or the model's defaults set them
+        # (a request that spells out a default runs with the requests that leave it out).
+        groups: dict[Settings, list[int]] = {}
+        for position, prompt in enumerate(prompts):
+            groups.setdefault(prompt.settings, []).append(position)
+        for settings, positions in groups.items():
             group = [prompts[position] for position in positions]
             encoded, offset = self.batch(group)
             with torch.inference_mode():
@@ -206,7 +210,7 @@ class Generator:
             ids = self.empty_input()
             if not ids:
                 raise UnprocessableInput(f"inputs[{index}] is empty: give a text to start from")
-        return Prompt(text, ids, parameters, Row(parameters.get("seed"), stop))
+        return Prompt(text, ids, parameters, settings, Row(parameters.get("seed"), stop))
 
     def limit_reason(self, settings: Settings) -> str:
         return ""
