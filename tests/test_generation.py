@@ -6,13 +6,11 @@ batched with others."""
 
 from __future__ import annotations
 
-import functools
 import logging
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import transformers
 
 from batching.errors import PayloadTooLarge, UnprocessableInput
@@ -26,6 +24,7 @@ from tests.support.generators import (
     bart_folder,
     completion_of,
     direct,
+    direct_seq2seq,
     gpt2_folder,
     t5_folder,
 )
@@ -225,21 +224,6 @@ def seq2seq(folders: dict[str, Path], folder: str, task: str) -> Seq2SeqGenerato
     assert isinstance(model, Seq2SeqGenerator)
     model.load("cpu")
     return model
-
-
-@functools.cache
-def seq2seq_reference(folder: Path) -> tuple[Any, Any]:
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
-    return tokenizer, transformers.AutoModelForSeq2SeqLM.from_pretrained(str(folder)).eval()
-
-
-def direct_seq2seq(folder: Path, text: str, **kwargs: Any) -> str:
-    """One input through ``generate``, greedy."""
-    tokenizer, model = seq2seq_reference(folder)
-    encoded = tokenizer([text], return_tensors="pt", truncation=True)
-    with torch.inference_mode():
-        out = model.generate(**encoded, do_sample=False, **kwargs)
-    return str(tokenizer.decode(out[0], skip_special_tokens=True))
 
 
 def test_summarization_applies_the_task_prefix_and_equals_generate(

@@ -25,6 +25,7 @@ from tests.support.generators import (
     causal_reference,
     completion_of,
     direct,
+    direct_seq2seq,
     gpt2_folder,
     t5_folder,
 )
@@ -221,10 +222,16 @@ def test_bad_parameters_are_a_400_with_a_json_body_on_every_door(
     grpc.close()
 
 
-def test_translation_and_text2text_through_the_doors(server: tuple[str, str]) -> None:
+def test_translation_and_text2text_through_the_doors(
+    server: tuple[str, str], folders: dict[str, Path]
+) -> None:
     url, target = server
     french = generate(url, "t5", "the cat", max_new_tokens=5)
     german = generate(url, "t5", "the cat", max_new_tokens=5, tgt_lang="de")
+    prefix = "translate English to German: "
+    assert german == {
+        "translation_text": direct_seq2seq(folders["t5"], prefix + "the cat", max_new_tokens=5)
+    }
     assert set(french) == {"translation_text"} and french != german
     refused = httpx.post(
         f"{url}/models/t5", json={"inputs": ["a"], "parameters": {"tgt_lang": "es"}}
@@ -240,3 +247,19 @@ def test_translation_and_text2text_through_the_doors(server: tuple[str, str]) ->
     with ThreadPoolExecutor(16) as pool:
         together = list(pool.map(lambda p: generate(url, "bart", p, max_new_tokens=5), PROMPTS))
     assert together == singles and set(singles[0]) == {"generated_text"}
+
+
+def test_an_input_that_is_not_a_text_is_a_4xx_on_every_door(server: tuple[str, str]) -> None:
+    url, target = server
+    plain = httpx.post(f"{url}/models/gpt2", json={"inputs": [3], "parameters": {}})
+    assert plain.status_code in (400, 422) and "error" in plain.json()
+    body = {"inputs": [{"name": "text", "datatype": "FP32", "shape": [1], "data": [1.0]}]}
+    v2 = httpx.post(f"{url}/v2/models/gpt2/infer", json=body)
+    assert v2.status_code in (400, 422) and "error" in v2.json()
+    grpc = triton_grpc.InferenceServerClient(target)
+    number = triton_grpc.InferInput("text", [1, 1], "FP32")
+    number.set_data_from_numpy(np.array([[1.0]], dtype=np.float32))
+    with pytest.raises(InferenceServerException) as caught:
+        grpc.infer("gpt2", [number])
+    assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+    grpc.close()

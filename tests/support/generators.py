@@ -4,6 +4,7 @@ tasks. Built from a config, offline, in well under a second."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -161,3 +162,19 @@ def causal_reference(folder: Path) -> tuple[Any, Any]:
     """A causal model folder as transformers loads it, for direct ``generate`` calls."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
     return tokenizer, transformers.AutoModelForCausalLM.from_pretrained(str(folder)).eval()
+
+
+@functools.cache
+def seq2seq_reference(folder: Path) -> tuple[Any, Any]:
+    """An encoder-decoder folder as transformers loads it, for direct ``generate`` calls."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+    return tokenizer, transformers.AutoModelForSeq2SeqLM.from_pretrained(str(folder)).eval()
+
+
+def direct_seq2seq(folder: Path, text: str, **kwargs: Any) -> str:
+    """One input through an encoder-decoder's ``generate``, greedy, decoded."""
+    tokenizer, model = seq2seq_reference(folder)
+    encoded = tokenizer([text], return_tensors="pt", truncation=True)
+    with torch.inference_mode():
+        out = model.generate(**encoded, do_sample=False, **kwargs)
+    return str(tokenizer.decode(out[0], skip_special_tokens=True))
