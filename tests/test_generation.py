@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import transformers
 
 from batching.errors import PayloadTooLarge, UnprocessableInput
 from batching.models.causal import TextGenerator
+from batching.models.generation import Row, Settings, generate_rows
 from batching.models.parameters import TaskItem
 from batching.models.seq2seq import Seq2SeqGenerator
 from batching.models.source import ModelSource
@@ -286,3 +288,29 @@ def test_text2text_batched_equals_generate_and_long_inputs_follow_truncate(
     with pytest.raises(PayloadTooLarge, match=f"this model takes at most {SEQ2SEQ_MAX_INPUT}"):
         model.predict([TaskItem(long, (("truncate", False),))])
     assert [len(model.predict(batch)) for batch in model.warmup_inputs(3)] == [1, 3]
+
+
+def test_a_stop_string_ends_its_row_early_and_only_its_row(gpt2: TextGenerator) -> None:
+    tokenizer, model = gpt2._tokenizer, gpt2._model
+    prompts = [gpt2._prepare(i, text) for i, text in enumerate(["the cat", "a dog"])]
+    encoded, offset = gpt2.batch(prompts)
+    settings = Settings.of({"max_new_tokens": 12}, gpt2.defaults)
+    with torch.inference_mode():
+        free = generate_rows(
+            model, tokenizer, encoded, settings, [Row(), Row()], offset=offset, pad_token_id=0
+        )
+    first = tokenizer.decode(free[0, offset : offset + 2].tolist(), skip_special_tokens=True)
+    with torch.inference_mode():
+        stopped = generate_rows(
+            model,
+            tokenizer,
+            encoded,
+            settings,
+            [Row(stop=(first,)), Row()],
+            offset=offset,
+            pad_token_id=0,
+        )
+    # Row 0 ends once its text holds the stop string; row 1 runs on, unchanged.
+    assert stopped.shape == free.shape
+    assert (stopped[0, offset + 2 :] == 0).all() and not (free[0, offset + 2 :] == 0).all()
+    assert torch.equal(stopped[1], free[1])
