@@ -9,7 +9,6 @@ call (:func:`~.generation.generate_rows`), and answers each item in its place.
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +35,6 @@ from .generation import (
 from .parameters import PARAMETERS_KEY, Param, Parameters, TaskItem
 
 __all__ = ["Generator", "Prompt"]
-
-logger = logging.getLogger("batching")
 
 # A tokenizer without a configured limit reports a huge sentinel as model_max_length.
 _NO_LIMIT = 1_000_000
