@@ -175,7 +175,8 @@ def test_a_long_prompt_with_truncate_false_is_a_413_naming_the_limit(gpt2: TextG
         gpt2.predict(["a dog", item])
     message = str(refused.value)
     assert f"at most {GPT2_POSITIONS - 6}" in message
-    assert f"{GPT2_POSITIONS} positions less max_new_tokens 6" in message
+    limit = f"at most {GPT2_POSITIONS - 6}: its {GPT2_POSITIONS} positions less max_new_tokens 6"
+    assert limit in message
     # The same prompt fits when it leaves room enough.
     short = TaskItem("the cat sat", (("max_new_tokens", 6), ("truncate", False)))
     assert gpt2.predict([short])[0]["generated_text"].startswith("the cat sat")

@@ -59,7 +59,7 @@ class TextGenerator(Generator):
         return max(1, self.positions() - settings.max_new_tokens)
 
     def limit_reason(self, settings: Settings) -> str:
-        return f" (its {self.positions()} positions less max_new_tokens {settings.max_new_tokens})"
+        return f": its {self.positions()} positions less max_new_tokens {settings.max_new_tokens}"
 
     def declared(self) -> tuple[Param, ...]:
         return TEXT_GENERATION

@@ -200,7 +200,7 @@ class Generator:
                 raise PayloadTooLarge(
                     f"inputs[{index}] has {len(ids)} tokens; this model takes at most {limit}"
                     + self.limit_reason(settings)
-                    + " (send less text, or truncate: true)"
+                    + "; send less text, or truncate: true"
                 )
             ids = self._tokenizer(source, truncation=True, max_length=limit)["input_ids"]
         if not ids:
