@@ -6,7 +6,9 @@ batched with others."""
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -315,3 +317,16 @@ def test_a_stop_string_ends_its_row_early_and_only_its_row(gpt2: TextGenerator) 
     assert stopped.shape == free.shape
     assert (stopped[0, offset + 2 :] == 0).all() and not (free[0, offset + 2 :] == 0).all()
     assert torch.equal(stopped[1], free[1])
+
+
+def test_a_tokenizer_with_neither_pad_nor_eos_token_is_refused_at_load(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    folder = tmp_path / "no-eos"
+    shutil.copytree(folders["gpt2"], folder)
+    config_file = folder / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config.update(eos_token=None, bos_token=None, unk_token=None)
+    config_file.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="neither a pad token nor an end-of-text token"):
+        TextGenerator("text-generation", folder).load("cpu")
