@@ -38,6 +38,8 @@ _TASKS: dict[str, tuple[tuple[Param, ...], str]] = {
     "translation": (TRANSLATION, "translation_text"),
     "text2text-generation": (TEXT2TEXT_GENERATION, "generated_text"),
 }
+#: GenerationConfig's own max_length: a model that leaves it there sets no length.
+_LIBRARY_MAX_LENGTH = 20
 # task_specific_params keys that are not generation settings.
 _NOT_GENERATION = frozenset({"prefix", "max_length"})
 
@@ -106,13 +108,18 @@ class Seq2SeqGenerator(Generator):
         }
         if settings:
             model.generation_config.update(**settings)
+        # The task's max_length, else the model's own when it sets one (not the library's
+        # old default of 20), is the default length; it counts the decoder's start token.
         length = entry.get("max_length")
+        if not isinstance(length, int):
+            length = model.generation_config.max_length
+            if length == _LIBRARY_MAX_LENGTH:
+                length = None
         if (
             isinstance(length, int)
             and length > 1
             and model.generation_config.max_new_tokens is None
         ):
-            # max_length counts the decoder's start token.
             model.generation_config.max_new_tokens = length - 1
         self.max_seq_length = self.tokenizer_limit() or _positions(self.config) or 512
 
