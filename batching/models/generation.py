@@ -1,5 +1,6 @@
-"""What the generating tasks share: their request parameters, the settings of one group of
-rows, and the generation step (one ``generate`` call over a batch of rows).
+"""What the generating tasks share: their request parameters with one model's numbers, the
+settings of one group of rows, and the generation step (one ``generate`` call over a batch of
+rows).
 
 The step is the model's own ``generate`` with two additions of ours, both per row, so that a
 row's text never depends on the rows it is batched with:
@@ -208,24 +209,31 @@ class RowSampler(LogitsProcessor):
 
 class StopTexts(StoppingCriteria):
     """Ends each row once its generated text (from ``offset`` on) holds one of its stop
-    strings; rows without any never stop here."""
+    strings; rows without any never stop here.
+
+    It is asked after every new token, so a stop string that was not there before can only
+    end at the newest token: each row decodes only its last tokens, enough to hold its longest
+    stop string (a token is at least a byte, a character at most four), not its whole text.
+    """
 
     def __init__(self, tokenizer: Any, stops: Sequence[tuple[str, ...]], offset: int) -> None:
         self.tokenizer = tokenizer
         self.stops = list(stops)
         self.offset = offset
+        self.windows = [4 * max((len(s) for s in stop), default=0) + 4 for stop in self.stops]
 
     def __call__(
         self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any
     ) -> torch.BoolTensor:
-        done = [
-            bool(stop)
-            and any(
-                s in self.tokenizer.decode(input_ids[row, self.offset :], skip_special_tokens=True)
-                for s in stop
-            )
-            for row, stop in enumerate(self.stops)
-        ]
+        length = input_ids.shape[1]
+        done = []
+        for row, stop in enumerate(self.stops):
+            if not stop:
+                done.append(False)
+                continue
+            start = max(self.offset, length - self.windows[row])
+            tail = self.tokenizer.decode(input_ids[row, start:], skip_special_tokens=True)
+            done.append(any(s in tail for s in stop))
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
 
 
