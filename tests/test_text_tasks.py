@@ -291,3 +291,12 @@ def test_the_readme_examples_answer_as_the_pipeline_does(
                 (text,) = body["inputs"]
                 want = expected(direct[name], name, text, body.get("parameters", {}))
                 assert_close(answer.json()["outputs"][0], want, folder)
+
+
+def test_the_v2_metadata_lists_each_task_s_parameters(server: tuple[str, str]) -> None:
+    url, _ = server
+    tagger = httpx.get(f"{url}/v2/models/tagger").json()
+    assert set(tagger["parameters"]) == {"aggregation_strategy", "ignore_labels"}
+    assert tagger["parameters"]["aggregation_strategy"]["choices"][0] == "none"
+    assert httpx.get(f"{url}/v2/models/mlm").json()["parameters"]["top_k"]["batch_neutral"]
+    assert "parameters" not in httpx.get(f"{url}/v2/models/embed").json()
