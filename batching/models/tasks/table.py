@@ -100,9 +100,6 @@ _VLM = "Use the `image-text-to-text` pipeline with a vision-language chat model 
 #: then what this server offers instead. A row of :data:`TASKS` of the same name wins.
 REMOVED: dict[str, tuple[str, str]] = {
     "question-answering": (_CHAT, "serve a chat model with --task text-generation"),
-    "summarization": (_CHAT, "serve a chat model with --task text-generation"),
-    "translation": (_CHAT, "serve a chat model with --task text-generation"),
-    "text2text-generation": (_CHAT, "serve a chat model with --task text-generation"),
     "visual-question-answering": (_VLM, "this server does not serve image-text-to-text"),
     "vqa": (_VLM, "this server does not serve image-text-to-text"),
     "image-to-image": (
