@@ -263,3 +263,14 @@ def test_an_input_that_is_not_a_text_is_a_4xx_on_every_door(server: tuple[str, s
         grpc.infer("gpt2", [number])
     assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
     grpc.close()
+
+
+def test_the_v2_metadata_lists_this_models_parameters(server: tuple[str, str]) -> None:
+    url, _ = server
+    described = httpx.get(f"{url}/v2/models/gpt2").json()["parameters"]
+    assert described["max_new_tokens"]["maximum"] == GPT2_POSITIONS - 1
+    assert described["seed"]["batch_neutral"] is True
+    assert "src_lang" not in described
+    translation = httpx.get(f"{url}/v2/models/t5").json()["parameters"]
+    assert translation["tgt_lang"]["choices"] == ["de", "fr"]
+    assert "return_full_text" not in translation
