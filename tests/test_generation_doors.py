@@ -274,3 +274,18 @@ def test_the_v2_metadata_lists_this_models_parameters(server: tuple[str, str]) -
     translation = httpx.get(f"{url}/v2/models/t5").json()["parameters"]
     assert translation["tgt_lang"]["choices"] == ["de", "fr"]
     assert "return_full_text" not in translation
+
+
+def test_too_many_stop_strings_is_a_422_that_fails_no_batch_mate(server: tuple[str, str]) -> None:
+    url, _ = server
+    stop = [f"s{i}" for i in range(17)]
+
+    def post(parameters: dict[str, Any]) -> httpx.Response:
+        body = {"inputs": ["the cat"], "parameters": {"max_new_tokens": 4, **parameters}}
+        return httpx.post(f"{url}/models/gpt2", json=body, timeout=60)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(post, [{"stop": stop}] + [{}] * 7))
+    assert answers[0].status_code == 422
+    assert "'stop' takes at most 16 strings" in answers[0].json()["error"]
+    assert [answer.status_code for answer in answers[1:]] == [200] * 7
