@@ -21,6 +21,7 @@ from .engines.options import EngineOptions
 from .prompts import PromptConfigError, PromptOptions, read_prompts
 from .protocol import Model
 from .splade import SPARSE_TASK, is_sparse_folder, read_layout
+from .vision import IMAGE_TASKS
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -177,6 +178,11 @@ class ModelSource:
 
             assert self.location is not None
             return SparseEmbedder(self.location, engine=engine)
+        if self.kind == "pipeline" and self.task in IMAGE_TASKS:
+            from .vision import build_image_model
+
+            assert self.location is not None
+            return build_image_model(self.task, self.location)
         if self.kind == "pipeline":
             from .pipeline import PipelineModel
 
