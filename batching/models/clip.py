@@ -24,6 +24,7 @@ import torch
 import transformers
 
 from ._torch import WEIGHTS_LOADING, max_length_of, read_json, resolve_device, to_numpy
+from .engines.options import EngineOptions
 from .images import image_inputs
 from .imaging import sample_png
 from .parameters import TaskItem
@@ -63,10 +64,20 @@ def _features(output: Any) -> torch.Tensor:
 class ImageTextEmbedder:
     """Image and text embeddings from a CLIP-style folder.
 
+    :param task: ``image-text-embedding`` (the task table builds every task's model alike).
     :param path: the folder (config, weights, tokenizer, image processor).
+    :param engine: torch fp32 is the only engine of this task (the start-up checks refuse
+        another), so it is not read.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        task: str = IMAGE_TEXT_EMBEDDING,
+        path: str | os.PathLike[str] = "",
+        engine: EngineOptions | None = None,
+    ) -> None:
+        if task != IMAGE_TEXT_EMBEDDING:
+            raise ValueError(f"ImageTextEmbedder serves {IMAGE_TEXT_EMBEDDING}, not {task!r}")
         self.path = Path(path)
         if not self.path.is_dir():
             raise ValueError(f"model folder {str(self.path)!r} does not exist")

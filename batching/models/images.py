@@ -24,24 +24,15 @@ import torch
 import transformers
 
 from ._torch import WEIGHTS_LOADING, resolve_device
+from .engines.options import EngineOptions
 from .imaging import decode_image, sample_png
-from .parameters import PARAMETERS_KEY, Param, TaskItem
+from .parameters import PARAMETERS_KEY, TaskItem
 from .protocol import warmup_batches
+from .tasks.images import TOP_K
 
-__all__ = ["IMAGE_CLASSIFICATION", "TOP_K", "ImageClassifier", "image_inputs", "image_of"]
+__all__ = ["IMAGE_CLASSIFICATION", "ImageClassifier", "image_inputs", "image_of"]
 
 IMAGE_CLASSIFICATION = "image-classification"
-
-#: The labels to return per image, best first (the pipeline's default: 5, at most the model's
-#: labels). It changes post-processing only, so requests that differ in it share a batch.
-TOP_K = Param(
-    "top_k",
-    "integer",
-    default=5,
-    minimum=1,
-    batch_neutral=True,
-    doc="labels returned per image, best first (at most the model's number of labels)",
-)
 
 
 def image_of(item: Any, name: str = "image") -> bytes:
@@ -71,10 +62,20 @@ def image_inputs(image_processor: Any, images: list[bytes], device: torch.device
 class ImageClassifier:
     """``image-classification``: one ``[{"label", "score"}, ...]`` list per image, best first.
 
+    :param task: ``image-classification`` (the task table builds every task's model alike).
     :param path: the model folder (config, weights and the image processor's config).
+    :param engine: torch fp32 is the only engine of this task (the start-up checks refuse
+        another), so it is not read.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        task: str = IMAGE_CLASSIFICATION,
+        path: str | os.PathLike[str] = "",
+        engine: EngineOptions | None = None,
+    ) -> None:
+        if task != IMAGE_CLASSIFICATION:
+            raise ValueError(f"ImageClassifier serves {IMAGE_CLASSIFICATION}, not {task!r}")
         self.path = Path(path)
         if not self.path.is_dir():
             raise ValueError(f"model folder {str(self.path)!r} does not exist")
