@@ -1,7 +1,9 @@
 """``image-text-embedding``: a CLIP-style folder's image and text embeddings, in one space.
 
-The folder holds a model with ``get_image_features`` and ``get_text_features`` (``CLIPModel``,
-``SiglipModel``, ... loaded with ``AutoModel``), its tokenizer and its image processor. Each
+The folder holds a ``CLIPModel`` (``model_type`` ``clip``: ``get_image_features`` and
+``get_text_features``), its tokenizer and its image processor. Other two-tower models are
+refused: SigLIP's text tower, for one, pools its last position, so texts padded to the longest
+of a batch would get vectors that depend on what they were batched with. Each
 item is exactly one of two named inputs: ``text`` (a string) or ``image`` (bytes, declared
 ``"content": "image"``, so every door hands the model bytes and never a path or URL). A text
 gets ``get_text_features``, an image ``get_image_features``: vectors of the same width in the
@@ -82,6 +84,12 @@ class ImageTextEmbedder:
         if not self.path.is_dir():
             raise ValueError(f"model folder {str(self.path)!r} does not exist")
         self._config: dict[str, Any] = read_json(self.path / "config.json")
+        model_type = self._config.get("model_type")
+        if model_type != "clip":
+            raise ValueError(
+                f"{IMAGE_TEXT_EMBEDDING} serves CLIP folders (config.json model_type clip); "
+                f"{self.path.name} is {model_type!r}"
+            )
         self._model: Any = None
         self._processor: Any = None
         self._tokenizer: Any = None
