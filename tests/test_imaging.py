@@ -11,6 +11,7 @@ import threading
 import warnings
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,12 +19,20 @@ import pytest
 from PIL import Image
 
 from batching.codecs.media import media_body, media_bytes
+from batching.config import ModelConfig
 from batching.errors import InvalidRequest, PayloadTooLarge
 from batching.models import media
 from batching.models.imaging import PILLOW_MAX_PIXELS, check_image, decode_image, sample_png
-from batching.models.media import MediaLimits, check_media
+from batching.models.media import (
+    DEFAULT_MAX_IMAGE_PIXELS,
+    MAX_IMAGE_PIXELS_CAP,
+    MediaLimits,
+    check_media,
+)
 from batching.models.parameters import TaskItem
 from batching.service import check_media_items
+from batching.settings.cli import parse_settings
+from batching.settings.repository import load_repository
 
 
 def _png_claiming(width: int, height: int) -> bytes:
@@ -143,3 +152,22 @@ def test_check_media_names_the_item() -> None:
             [sample_png(4, 4), sample_png(40, 40)],
             MediaLimits(max_image_pixels=100),
         )
+
+
+def test_the_pixel_limit_is_a_flag_a_repository_key_and_bounded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (model,) = parse_settings(["--max-image-pixels", "1234"], {}).models
+    assert model.max_image_pixels == 1234 and model.media_limits.max_image_pixels == 1234
+    assert parse_settings([], {}).models[0].max_image_pixels == DEFAULT_MAX_IMAGE_PIXELS
+    file = tmp_path / "models.toml"
+    file.write_text(
+        '[models.echo]\nsource = "tests.support.models:EchoModel"\nmax_image_pixels = 99\n',
+        encoding="utf-8",
+    )
+    assert load_repository(file)[0].max_image_pixels == 99
+    with pytest.raises(SystemExit) as exited:
+        parse_settings(["--max-image-pixels", str(MAX_IMAGE_PIXELS_CAP + 1)], {})
+    assert exited.value.code == 2 and "max_image_pixels" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="max_image_pixels"):
+        ModelConfig(name="m", max_image_pixels=0)
