@@ -29,6 +29,7 @@ from tritonclient.utils import InferenceServerException
 from batching import BatchingConfig, ModelConfig, create_app
 from batching.models.clip import ImageTextEmbedder
 from batching.models.images import ImageClassifier
+from batching.models.parameters import TaskItem
 from batching.runtime.warmup import load_and_warm
 from tests.support.metrics import sample
 from tests.support.servers import free_port
@@ -146,7 +147,23 @@ def test_top_k_is_a_parameter_on_every_door(
     _same_labels(
         _json_rows(_v2_grpc(target, "vit", "image", IMAGES[1:2], parameters={"top_k": 2}))[0], want
     )
-    for parameters in ({"top_k": 0}, {"top_k": "two"}, {"stride": 1}):
+    sigmoid = pipe(_pil(IMAGES[2]), top_k=3, function_to_apply="sigmoid")
+    as_sigmoid = httpx.post(
+        f"{url}/models/vit",
+        json={
+            "inputs": [_b64(IMAGES[2]), _b64(IMAGES[2])],
+            "parameters": {"top_k": 3, "function_to_apply": "sigmoid"},
+        },
+        timeout=30,
+    )
+    for got in as_sigmoid.json()["outputs"]:
+        _same_labels(got, sigmoid)
+    for parameters in (
+        {"top_k": 0},
+        {"top_k": "two"},
+        {"stride": 1},
+        {"function_to_apply": "tanh"},
+    ):
         refused = httpx.post(
             f"{url}/models/vit",
             json={"inputs": [_b64(IMAGES[1])], "parameters": parameters},
@@ -285,3 +302,30 @@ def test_a_model_that_cannot_serve_images_never_reports_ready(
     transformers.ViTImageProcessor(size={"height": 48, "width": 48}).save_pretrained(broken)
     with pytest.raises(RuntimeError, match="warm-up batch 1"):
         load_and_warm(ImageClassifier("image-classification", broken), "cpu", 4)
+
+
+def test_items_with_different_parameters_share_one_forward_pass(
+    folders: tuple[Path, Path],
+) -> None:
+    vit = folders[0]
+    pipe = transformers.pipeline("image-classification", model=str(vit))
+    model = ImageClassifier("image-classification", vit)
+    model.load("cpu")
+    calls: list[int] = []
+    forward = model._pipeline.model.forward
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return forward(*args, **kwargs)
+
+    model._pipeline.model.forward = counted
+    items = [
+        TaskItem(IMAGES[0], (("top_k", 1),)),
+        TaskItem(IMAGES[0], (("function_to_apply", "none"), ("top_k", 3))),
+        IMAGES[1],
+    ]
+    got = model.predict(items)
+    assert len(calls) == 1
+    _same_labels(got[0], pipe(_pil(IMAGES[0]), top_k=1))
+    _same_labels(got[1], pipe(_pil(IMAGES[0]), top_k=3, function_to_apply="none"))
+    _same_labels(got[2], pipe(_pil(IMAGES[1])))

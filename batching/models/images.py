@@ -28,6 +28,7 @@ from .engines.options import EngineOptions
 from .imaging import decode_image, sample_png
 from .parameters import PARAMETERS_KEY, TaskItem
 from .protocol import warmup_batches
+from .tasks.images import IMAGE_CLASSIFICATION as PARAMETERS
 from .tasks.images import TOP_K
 
 __all__ = ["IMAGE_CLASSIFICATION", "ImageClassifier", "image_inputs", "image_of"]
@@ -57,6 +58,15 @@ def image_inputs(image_processor: Any, images: list[bytes], device: torch.device
         for key, tensor in processed.items():
             parts.setdefault(key, []).append(tensor)
     return {key: torch.cat(tensors).to(device) for key, tensors in parts.items()}
+
+
+def _function(name: str | None) -> Any:
+    """The pipeline's ``ClassificationFunction`` named ``name``; None: the model decides."""
+    if name is None:
+        return None
+    from transformers.pipelines.image_classification import ClassificationFunction
+
+    return ClassificationFunction(name)
 
 
 class ImageClassifier:
@@ -109,9 +119,12 @@ class ImageClassifier:
             logits = pipe.model(**batch).logits.float().cpu()
         outputs = []
         for index, item in enumerate(inputs):
-            top_k = item.get(TOP_K.name, TOP_K.default) if isinstance(item, TaskItem) else None
+            # Both parameters change the post-processing alone: one forward pass for all.
+            options = dict(item.parameters) if isinstance(item, TaskItem) else {}
             answer = pipe.postprocess(
-                {"logits": logits[index : index + 1]}, top_k=top_k or TOP_K.default
+                {"logits": logits[index : index + 1]},
+                top_k=options.get(TOP_K.name, TOP_K.default),
+                function_to_apply=_function(options.get("function_to_apply")),
             )
             outputs.append([{"label": str(a["label"]), "score": float(a["score"])} for a in answer])
         return outputs
@@ -126,7 +139,7 @@ class ImageClassifier:
             "inputs": [{"name": "image", "datatype": "BYTES", "shape": [-1], "content": "image"}],
             # A list of {"label", "score"} per image, as JSON text.
             "outputs": [{"name": "output", "datatype": "BYTES", "shape": [-1]}],
-            PARAMETERS_KEY: {TOP_K.name: TOP_K.describe()},
+            PARAMETERS_KEY: {param.name: param.describe() for param in PARAMETERS},
         }
         if self._pipeline is not None:
             id2label = self._pipeline.model.config.id2label or {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from batching.models.parameters import Param
 
-__all__ = ["IMAGE_CLASSIFICATION", "IMAGE_TEXT_EMBEDDING", "TOP_K"]
+__all__ = ["FUNCTION_TO_APPLY", "IMAGE_CLASSIFICATION", "IMAGE_TEXT_EMBEDDING", "TOP_K"]
 
 #: The labels to return per image, best first (the pipeline's default: 5, at most the model's
 #: labels). It changes post-processing only, so requests that differ in it share a batch.
@@ -18,7 +18,16 @@ TOP_K = Param(
     doc="labels returned per image, best first (at most the model's number of labels)",
 )
 
-IMAGE_CLASSIFICATION = (TOP_K,)
+#: How logits become scores, as the pipeline takes it (default: the model's problem type).
+FUNCTION_TO_APPLY = Param(
+    "function_to_apply",
+    "string",
+    choices=("softmax", "sigmoid", "none"),
+    batch_neutral=True,
+    doc="how logits become scores (default: the model's problem type decides)",
+)
+
+IMAGE_CLASSIFICATION = (TOP_K, FUNCTION_TO_APPLY)
 
 #: An embedding takes no parameter: a text gets its text vector, an image its image vector.
 IMAGE_TEXT_EMBEDDING: tuple[Param, ...] = ()
