@@ -178,18 +178,23 @@ def test_a_path_is_never_opened(server: tuple[str, str], tmp_path: Path) -> None
     path = tmp_path / "cat.png"
     path.write_bytes(PNG)
     opened: list[Any] = []
+    watching = threading.Event()
 
     def audit(event: str, args: tuple[Any, ...]) -> None:
-        if event == "open" and args and str(args[0]) == str(path):
+        if watching.is_set() and event == "open" and args and str(args[0]) == str(path):
             opened.append(args)
 
-    sys.addaudithook(audit)  # hooks cannot be removed; this one only looks at one path
-    answers = _refusals(url, target, str(path))
-    assert [status for _, status, _ in answers] == [400] * 4, answers
-    assert opened == []
-    assert all(str(tmp_path) not in message for _, _, message in answers)
-    path.read_bytes()  # the hook sees a real open of that path
-    assert opened
+    sys.addaudithook(audit)  # a hook cannot be removed: it stops watching when the test ends
+    watching.set()
+    try:
+        answers = _refusals(url, target, str(path))
+        assert [status for _, status, _ in answers] == [400] * 4, answers
+        assert opened == []
+        assert all(str(tmp_path) not in message for _, _, message in answers)
+        path.read_bytes()  # the hook sees a real open of that path
+        assert opened
+    finally:
+        watching.clear()
 
 
 def test_undecodable_bytes_are_a_400_on_every_door(server: tuple[str, str]) -> None:
