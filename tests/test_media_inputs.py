@@ -129,9 +129,12 @@ def test_every_door_hands_the_model_the_image_bytes(server: tuple[str, str]) -> 
     assert raw.json()["outputs"] == [DIGEST]
     octets = _plain(url, content=PNG, headers={"Content-Type": "application/octet-stream"})
     assert octets.json()["outputs"] == [DIGEST]
-    as_json = _plain(url, json={"inputs": [encoded, f"data:image/png;base64,{encoded}"]})
+    as_json = _plain(
+        url,
+        json={"inputs": [encoded, f"data:image/png;base64,{encoded}", {"image": encoded}]},
+    )
     assert as_json.status_code == 200, as_json.text
-    assert as_json.json()["outputs"] == [DIGEST, DIGEST]
+    assert as_json.json()["outputs"] == [DIGEST, DIGEST, DIGEST]
     assert _text(_v2_http(url, encoded, binary=False)) == DIGEST
     assert _text(_v2_http(url, PNG, binary=True)) == DIGEST
     assert _text(_v2_grpc(target, PNG)) == DIGEST
