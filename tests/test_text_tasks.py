@@ -291,3 +291,35 @@ def test_the_readme_examples_answer_as_the_pipeline_does(
                 (text,) = body["inputs"]
                 want = expected(direct[name], name, text, body.get("parameters", {}))
                 assert_close(answer.json()["outputs"][0], want, folder)
+
+
+def test_the_v2_metadata_lists_each_task_s_parameters(server: tuple[str, str]) -> None:
+    url, _ = server
+    tagger = httpx.get(f"{url}/v2/models/tagger").json()
+    assert set(tagger["parameters"]) == {"aggregation_strategy", "ignore_labels"}
+    assert tagger["parameters"]["aggregation_strategy"]["choices"][0] == "none"
+    assert httpx.get(f"{url}/v2/models/mlm").json()["parameters"]["top_k"]["batch_neutral"]
+    assert "parameters" not in httpx.get(f"{url}/v2/models/embed").json()
+
+
+def test_items_whose_parameters_change_the_forward_pass_run_apart(folders: dict[str, Path]) -> None:
+    from batching.models.parameters import TaskItem
+    from batching.models.pipeline import PipelineModel
+
+    model = PipelineModel("text-classification", folders["classify"])
+    model.load("cpu")
+    items = [TaskItem(TEXTS[0], (("top_k", 2),)), TEXTS[1], TaskItem(TEXTS[2], (("top_k", 2),))]
+    shared = model.predict(items)
+    runs: list[list[Any]] = []
+    run = model._run
+
+    def counted(group: list[Any], key: dict[str, Any]) -> list[Any]:
+        runs.append(group)
+        return run(group, key)
+
+    model._run = counted  # type: ignore[method-assign]
+    assert model.predict(items) == shared and len(runs) == 1  # top_k is batch-neutral
+    runs.clear()
+    model._neutral = frozenset()  # as if top_k changed the forward pass
+    assert model.predict(items) == shared
+    assert sorted(len(group) for group in runs) == [1, 2]
