@@ -1,0 +1,203 @@
+"""OpenTelemetry traces, received by a real OTLP receiver on 127.0.0.1 (built from
+``opentelemetry-proto``): the SDK's exporter sends what the server made, and the tests read
+the spans as a collector would.
+
+- every request has a server span parented on the caller's ``traceparent`` (HTTP header,
+  gRPC metadata), with the model, items, outcome and times;
+- a batch of 16 concurrent requests is one batch span linked to all 16 request spans;
+- refused (401, 404, 413, 503) and disconnected requests end their span with the reason;
+- the settings (flags, ``OTEL_*`` variables) and their one-line errors; with tracing off,
+  OpenTelemetry is never imported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc.aio as grpcclient
+
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+
+from batching import BatchingConfig, ModelConfig, create_app
+from batching.keys import ApiKeys
+from batching.settings.cli import parse_settings
+from batching.tracing.config import TracingConfig, TracingConfigError, tracing_config
+from tests.support.asgi import app_with, echo_config, serving
+from tests.support.grpc_door import serving_grpc
+from tests.support.models import EchoModel, GatedModel, SlowLoadModel
+from tests.support.otlp import GrpcReceiver, HttpReceiver, Received, attributes_of
+from tests.support.servers import running
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def traceparent() -> tuple[str, bytes, bytes]:
+    """A sampled W3C ``traceparent`` of a new trace, and its trace and parent span ids."""
+    trace_id, parent_id = secrets.token_bytes(16), secrets.token_bytes(8)
+    return f"00-{trace_id.hex()}-{parent_id.hex()}-01", trace_id, parent_id
+
+
+def http_tracing(receiver: Received) -> TracingConfig:
+    return TracingConfig(endpoint=receiver.url, protocol="http/protobuf")  # type: ignore[attr-defined]
+
+
+def server_spans(receiver: Received, name: str) -> list[Any]:
+    return [span for span in receiver.named(name) if span.kind == span.SPAN_KIND_SERVER]
+
+
+async def test_sixteen_concurrent_requests_are_one_batch_span_linked_to_their_spans() -> None:
+    # The batch goes out when 16 items are queued (a long window, and a cap of 16).
+    config = echo_config(max_batch_size=16, max_queue_delay=20.0, timeout=25.0)
+    with HttpReceiver() as receiver:
+        app = app_with(EchoModel(), config, tracing=http_tracing(receiver))
+        sent = [traceparent() for _ in range(16)]
+        async with serving(app) as client:
+            answers = await asyncio.gather(
+                *(
+                    client.post("/", content=f"text {i}".encode(), headers={"traceparent": tp})
+                    for i, (tp, _, _) in enumerate(sent)
+                )
+            )
+            assert [answer.status_code for answer in answers] == [200] * 16
+        # The app's shutdown flushed every span to the receiver.
+        requests = server_spans(receiver, "POST")
+        by_trace = {span.trace_id: span for span in requests}
+        assert len(requests) == 16 and len(by_trace) == 16
+        for _, trace_id, parent_id in sent:
+            span = by_trace[trace_id]
+            assert span.parent_span_id == parent_id  # a child of the caller's span
+            attributes = attributes_of(span)
+            assert span.name == "POST /"
+            assert attributes["http.route"] == "/"
+            assert attributes["http.response.status_code"] == 200
+            assert attributes["batching.model"] == "echo"
+            assert attributes["batching.items"] == 1
+            assert attributes["batching.batches"] == 1
+            assert attributes["batching.queue_seconds"] >= 0
+            assert attributes["batching.compute_seconds"] >= 0
+            assert "batching.reason" not in attributes
+            events = [event.name for event in span.events]
+            assert events == ["queued", "batch started", "resolved"]
+            assert span.status.code != span.status.STATUS_CODE_ERROR
+        (batch,) = receiver.named("batch echo")
+        assert batch.parent_span_id == b""  # a root: its requests are its links
+        linked = {(link.trace_id, link.span_id) for link in batch.links}
+        assert linked == {(span.trace_id, span.span_id) for span in requests}
+        attributes = attributes_of(batch)
+        assert attributes["batching.batch.size"] == 16
+        assert attributes["batching.batch.requests"] == 16
+        assert attributes["batching.batch.release_reason"] == "full"
+        assert attributes["batching.instance"] == "echo-0"
+        assert attributes["batching.instance.kind"] == "thread"
+        assert attributes["batching.engine"] == "python"
+        assert attributes["batching.batch.padded_tokens"] == 0  # not batched by tokens
+        assert batch.start_time_unix_nano <= batch.end_time_unix_nano
+        assert receiver.services == {"batching"}
+
+
+async def test_refused_requests_end_their_spans_with_the_reason() -> None:
+    keys = ApiKeys(["secret-key"])
+    auth = {"authorization": "Bearer secret-key"}
+    v2_body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["a", "b"]}]}
+    with HttpReceiver() as receiver:
+        app = app_with(
+            EchoModel(), tracing=http_tracing(receiver), api_keys=keys, max_body_bytes=128
+        )
+        async with serving(app) as client:
+            answers = [
+                await client.post("/", content=b"hi", headers=_tp("401")),
+                await client.post("/", content=b"x" * 200, headers=auth | _tp("413")),
+                await client.post("/models/nope", content=b"hi", headers=auth | _tp("404")),
+                await client.post("/v2/models/echo/infer", json=v2_body, headers=auth | _tp("v2")),
+                await client.get("/v2/models/echo", headers=auth | _tp("meta")),
+            ]
+        assert [answer.status_code for answer in answers] == [401, 413, 404, 200, 200]
+        spans = {
+            attributes_of(span).get("batching.request_id"): attributes_of(span)
+            for span in server_spans(receiver, "")
+        }
+    assert spans["req-401"]["http.response.status_code"] == 401
+    assert spans["req-401"]["batching.reason"].startswith("a valid API key is required")
+    assert spans["req-413"]["http.response.status_code"] == 413
+    assert "over the 128-byte limit" in spans["req-413"]["batching.reason"]
+    assert spans["req-413"]["batching.model"] == "echo"
+    assert spans["req-404"]["http.response.status_code"] == 404
+    assert "no model named 'nope'" in spans["req-404"]["batching.reason"]
+    for refused in ("req-401", "req-413", "req-404"):
+        assert "error.type" not in spans[refused]  # the caller's error, not the server's
+    infer = spans["req-v2"]
+    assert infer["http.route"] == "/v2/models/{model_name}/infer"
+    assert infer["batching.items"] == 2 and infer["batching.model"] == "echo"
+    assert spans["req-meta"]["http.request.method"] == "GET"
+
+
+def _tp(seed: str) -> dict[str, str]:
+    return {"traceparent": traceparent()[0], "x-request-id": f"req-{seed}"}
+
+
+async def test_a_request_refused_while_the_model_loads_ends_its_span_503() -> None:
+    model = SlowLoadModel()
+    with HttpReceiver() as receiver:
+        app = app_with(model, tracing=http_tracing(receiver))
+        async with serving(app, wait_ready=False) as client:
+            answer = await client.post("/", content=b"hi", headers=_tp("loading"))
+            assert answer.status_code == 503
+            model.loaded.set()
+        (span,) = [s for s in server_spans(receiver, "POST") if s.name.startswith("POST")]
+    attributes = attributes_of(span)
+    assert attributes["http.response.status_code"] == 503
+    assert "is not ready" in attributes["batching.reason"]
+    assert attributes["error.type"] == "503"
+    assert span.status.code == span.status.STATUS_CODE_ERROR
+
+
+class Ended(SpanProcessor):
+    """Sets :attr:`event` when a span of ``trace_id`` ends (added to the app's provider)."""
+
+    def __init__(self, trace_id: bytes) -> None:
+        self.trace_id = int.from_bytes(trace_id, "big")
+        self.event = threading.Event()
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if span.context is not None and span.context.trace_id == self.trace_id:
+            self.event.set()
+
+
+async def test_a_disconnected_request_ends_its_span_with_the_reason() -> None:
+    model = GatedModel()
+    config = echo_config(max_batch_size=1)
+    tp, trace_id, _ = traceparent()
+    ended = Ended(trace_id)
+    with HttpReceiver() as receiver:
+        app = app_with(model, config, tracing=http_tracing(receiver))
+        app.state.tracing.provider.add_span_processor(ended)
+        async with running(app) as url:
+            async with httpx.AsyncClient(base_url=url) as client:
+                call = asyncio.create_task(
+                    client.post("/", content=b"hang up", headers={"traceparent": tp})
+                )
+                assert await asyncio.to_thread(model.entered.wait, 10)
+                call.cancel()  # the client hangs up while its batch runs
+                with pytest.raises(asyncio.CancelledError):
+                    await call
+            assert await asyncio.to_thread(ended.event.wait, 10)
+            model.gate.set()
+        (span,) = [span for span in receiver.spans if span.trace_id == trace_id]
+    attributes = attributes_of(span)
+    assert attributes["http.response.status_code"] == 499
+    assert attributes["batching.reason"] == "the client disconnected before its answer"
+    # The batch it was in still ran, and links to it.
+    (batch,) = receiver.named("batch echo")
+    assert [link.span_id for link in batch.links] == [span.span_id]
