@@ -25,7 +25,6 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc.aio as grpcclient
-
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from batching import BatchingConfig, ModelConfig, create_app
@@ -49,8 +48,8 @@ def traceparent() -> tuple[str, bytes, bytes]:
     return f"00-{trace_id.hex()}-{parent_id.hex()}-01", trace_id, parent_id
 
 
-def http_tracing(receiver: Received) -> TracingConfig:
-    return TracingConfig(endpoint=receiver.url, protocol="http/protobuf")  # type: ignore[attr-defined]
+def http_tracing(receiver: HttpReceiver) -> TracingConfig:
+    return TracingConfig(endpoint=receiver.url, protocol="http/protobuf")
 
 
 def server_spans(receiver: Received, name: str) -> list[Any]:
@@ -201,3 +200,249 @@ async def test_a_disconnected_request_ends_its_span_with_the_reason() -> None:
     # The batch it was in still ran, and links to it.
     (batch,) = receiver.named("batch echo")
     assert [link.span_id for link in batch.links] == [span.span_id]
+
+
+# ------------------------------------------------------------------------------ the gRPC door
+
+
+def text_input(texts: list[str]) -> Any:
+    tensor = grpcclient.InferInput("text", [len(texts)], "BYTES")
+    tensor.set_data_from_numpy(np.array(texts, dtype=object))
+    return tensor
+
+
+async def test_grpc_calls_are_parented_on_their_metadata_and_batched_with_links() -> None:
+    """Over OTLP/gRPC this time: tritonclient sends ``traceparent`` as call metadata."""
+    config = ModelConfig(
+        name="vec",
+        source="tests.support.models:VectorModel",
+        batching=BatchingConfig(max_batch_size=4, max_queue_delay=0.05),
+    )
+    keys = ApiKeys(["secret-key"])
+    with GrpcReceiver() as receiver:
+        tracing = TracingConfig(endpoint=receiver.url.replace("grpc", "http"), protocol="grpc")
+        async with serving_grpc(config, tracing=tracing, api_keys=keys) as (_, target):
+            client = grpcclient.InferenceServerClient(target)
+            sent = [traceparent() for _ in range(4)]
+            try:
+                await asyncio.gather(
+                    *(
+                        client.infer(
+                            "vec",
+                            [text_input([f"text {i}"])],
+                            headers={"traceparent": tp, "authorization": "Bearer secret-key"},
+                        )
+                        for i, (tp, _, _) in enumerate(sent)
+                    )
+                )
+                refused_tp, refused_trace, _ = traceparent()
+                with pytest.raises(grpcclient.InferenceServerException) as unauthenticated:
+                    await client.infer(
+                        "vec", [text_input(["x"])], headers={"traceparent": refused_tp}
+                    )
+                assert "UNAUTHENTICATED" in str(unauthenticated.value.status())
+                missing_tp, missing_trace, _ = traceparent()
+                with pytest.raises(grpcclient.InferenceServerException):
+                    await client.infer(
+                        "nope",
+                        [text_input(["x"])],
+                        headers={"traceparent": missing_tp, "authorization": "Bearer secret-key"},
+                    )
+            finally:
+                await client.close()
+    calls = {span.trace_id: span for span in server_spans(receiver, "inference.")}
+    for _, trace_id, parent_id in sent:
+        span = calls[trace_id]
+        assert span.name == "inference.GRPCInferenceService/ModelInfer"
+        assert span.parent_span_id == parent_id
+        attributes = attributes_of(span)
+        assert attributes["rpc.system"] == "grpc"
+        assert attributes["rpc.method"] == "ModelInfer"
+        assert attributes["rpc.grpc.status_code"] == 0
+        assert attributes["batching.model"] == "vec" and attributes["batching.items"] == 1
+        assert "batching.queue_seconds" in attributes
+    # Calls arrive over the network one by one: each is in exactly one batch, linked there.
+    batches = receiver.named("batch vec")
+    links = [link.span_id for batch in batches for link in batch.links]
+    assert sorted(links) == sorted(calls[t].span_id for _, t, _ in sent)
+    assert sum(attributes_of(batch)["batching.batch.size"] for batch in batches) == 4
+    refused = attributes_of(calls[refused_trace])
+    assert refused["rpc.grpc.status_code"] == 16  # UNAUTHENTICATED
+    assert refused["batching.reason"].startswith("a valid API key is required")
+    missing = attributes_of(calls[missing_trace])
+    assert missing["rpc.grpc.status_code"] == 5  # NOT_FOUND
+    assert "no model named 'nope'" in missing["batching.reason"]
+
+
+# ------------------------------------------------------------------------- process instances
+
+
+@pytest.mark.slow
+async def test_a_process_instance_batch_span_is_made_in_the_server_process() -> None:
+    config = ModelConfig(
+        name="proc",
+        source="tests.support.models:EchoModel",
+        instance_kind="process",
+        batching=BatchingConfig(max_batch_size=4, max_queue_delay=20.0, timeout=25.0),
+    )
+    with HttpReceiver() as receiver:
+        app = create_app(config, tracing=http_tracing(receiver))
+        async with serving(app) as client:
+            answers = await asyncio.gather(
+                *(
+                    client.post("/", content=b"x", headers={"traceparent": traceparent()[0]})
+                    for _ in range(4)
+                )
+            )
+            assert [answer.status_code for answer in answers] == [200] * 4
+        requests = server_spans(receiver, "POST")
+        (batch,) = receiver.named("batch proc")
+    assert {link.span_id for link in batch.links} == {span.span_id for span in requests}
+    attributes = attributes_of(batch)
+    assert attributes["batching.instance"] == "proc-0"
+    assert attributes["batching.instance.kind"] == "process"
+
+
+# ---------------------------------------------------------------------------------- sampling
+
+
+async def test_the_trace_rate_keeps_what_callers_sampled_and_samples_the_rest() -> None:
+    """``--trace-rate 0``: a request whose caller sampled it is traced (and its batch), one
+    whose caller did not, or that has no traceparent, is not."""
+    config = echo_config(max_batch_size=3, max_queue_delay=20.0, timeout=25.0)
+    with HttpReceiver() as receiver:
+        tracing = tracing_config(receiver.url, None, "0", {})
+        assert tracing is not None and tracing.sampler == "parentbased_traceidratio"
+        app = app_with(EchoModel(), config, tracing=tracing)
+        sampled, trace_id, _ = traceparent()
+        unsampled = traceparent()[0][:-2] + "00"
+        async with serving(app) as client:
+            answers = await asyncio.gather(
+                client.post("/", content=b"a", headers={"traceparent": sampled}),
+                client.post("/", content=b"b", headers={"traceparent": unsampled}),
+                client.post("/", content=b"c"),
+            )
+            assert [answer.status_code for answer in answers] == [200] * 3
+        (request,) = server_spans(receiver, "POST")
+        (batch,) = receiver.named("batch echo")
+    assert request.trace_id == trace_id
+    # All three requests are linked; only the sampled one was exported.
+    assert len(batch.links) == 3
+    assert request.span_id in {link.span_id for link in batch.links}
+
+
+# ---------------------------------------------------------------------------------- settings
+
+
+def test_the_flags_and_the_standard_variables_choose_endpoint_protocol_and_sampler() -> None:
+    assert tracing_config(None, None, None, {}) is None
+    assert parse_settings([], {}).tracing is None
+    http = parse_settings(["--otlp-endpoint", "http://collector:4318"], {}).tracing
+    assert http == TracingConfig("http://collector:4318/v1/traces", "http/protobuf")
+    grpc_by_port = tracing_config("http://collector:4317", None, None, {})
+    assert grpc_by_port == TracingConfig("http://collector:4317", "grpc")
+    grpcs = tracing_config("grpcs://collector:443", None, "0.25", {})
+    assert grpcs == TracingConfig("https://collector:443", "grpc", "parentbased_traceidratio", 0.25)
+    environ = {
+        "BATCHING_OTLP_ENDPOINT": "http://collector:4317",
+        "BATCHING_OTLP_PROTOCOL": "http/protobuf",
+        "BATCHING_TRACE_RATE": "0.5",
+    }
+    twins = parse_settings([], environ).tracing
+    assert twins == TracingConfig(
+        "http://collector:4317/v1/traces", "http/protobuf", "parentbased_traceidratio", 0.5
+    )
+    standard = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector:4318/otlp",
+        "OTEL_TRACES_SAMPLER": "traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0.1",
+    }
+    assert tracing_config(None, None, None, standard) == TracingConfig(
+        "https://collector:4318/otlp/v1/traces", "http/protobuf", "traceidratio", 0.1
+    )
+    traces = {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:9999/custom",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+    }
+    assert tracing_config(None, None, None, traces) == TracingConfig(
+        "http://collector:9999", "grpc"
+    )
+    traces["OTEL_EXPORTER_OTLP_PROTOCOL"] = "http/protobuf"
+    assert tracing_config(None, None, None, traces) == TracingConfig(
+        "http://collector:9999/custom", "http/protobuf"
+    )
+    assert tracing_config(None, None, None, traces | {"OTEL_SDK_DISABLED": "true"}) is None
+    assert tracing_config(None, None, None, traces | {"OTEL_TRACES_EXPORTER": "none"}) is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "message"),
+    [
+        (["--otlp-endpoint", "collector:4318"], {}, "--otlp-endpoint must be a URL"),
+        (["--otlp-endpoint", "http://a:b@c:4318"], {}, "must not carry credentials"),
+        (["--otlp-endpoint", "http://c:99999"], {}, "has no valid port"),
+        (["--otlp-endpoint", "http://c", "--otlp-protocol", "thrift"], {}, "--otlp-protocol"),
+        (["--otlp-endpoint", "http://c", "--trace-rate", "1.5"], {}, "--trace-rate"),
+        (["--trace-rate", "often"], {}, "--trace-rate must be a number from 0 to 1"),
+        ([], {"BATCHING_TRACE_RATE": "-1"}, "--trace-rate must be a number from 0 to 1"),
+        (
+            ["--otlp-endpoint", "http://c"],
+            {"OTEL_TRACES_SAMPLER": "sometimes"},
+            "OTEL_TRACES_SAMPLER must be one of",
+        ),
+        (
+            ["--otlp-endpoint", "http://c"],
+            {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "2"},
+            "OTEL_TRACES_SAMPLER_ARG must be a number from 0 to 1",
+        ),
+        ([], {"OTEL_EXPORTER_OTLP_ENDPOINT": "nowhere"}, "OTEL_EXPORTER_OTLP_ENDPOINT must be"),
+        ([], {"OTEL_EXPORTER_OTLP_PROTOCOL": "udp"}, "OTEL_EXPORTER_OTLP_PROTOCOL must be"),
+    ],
+)
+def test_a_bad_tracing_setting_exits_2_with_one_line(
+    argv: list[str], environ: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit:
+        parse_settings(argv, environ)
+    assert exit.value.code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and message in error, error
+    if not any(key.startswith("BATCHING_") for key in environ):
+        flags = dict(zip(argv[::2], argv[1::2], strict=True))
+        with pytest.raises(TracingConfigError):
+            tracing_config(
+                flags.get("--otlp-endpoint"),
+                flags.get("--otlp-protocol"),
+                flags.get("--trace-rate"),
+                environ,
+            )
+
+
+def test_with_tracing_off_opentelemetry_is_never_imported() -> None:
+    """A server without --otlp-endpoint serves requests on every door's module without
+    loading OpenTelemetry at all."""
+    program = """
+import asyncio, sys
+import httpx
+from batching import create_app
+import batching.grpc.v2, batching.http.openai, batching.http.v2, server
+from tests.support.asgi import app_with, serving
+from tests.support.models import EchoModel
+
+async def main():
+    async with serving(app_with(EchoModel())) as client:
+        assert (await client.post("/", content=b"hi")).status_code == 200
+asyncio.run(main())
+loaded = sorted(name for name in sys.modules if name.startswith("opentelemetry"))
+assert not loaded, loaded
+"""
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
