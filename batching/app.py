@@ -284,8 +284,11 @@ def create_app(
             if tls is not None:
                 await tls.stop()
             if tracer is not None:
-                # Exports what is buffered (a blocking call with its own timeout).
-                await asyncio.to_thread(tracer.shutdown)
+                # Exports what is buffered, for at most a few seconds of what is left.
+                left = shutdown_timeout
+                if stop_by is not None:
+                    left = max(0.0, stop_by - asyncio.get_running_loop().time())
+                await asyncio.to_thread(tracer.shutdown, min(5.0, max(1.0, left)))
 
     async def live(request: Request) -> Response:
         return Response(orjson.dumps({"live": True}), media_type="application/json")

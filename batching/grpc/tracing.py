@@ -48,8 +48,8 @@ def _end(span: RequestSpan, context: Any, failed: BaseException | None) -> None:
         reason = None if code == grpc.StatusCode.OK else (context.details() or code.name)
     if isinstance(code, int):
         code = next((each for each in grpc.StatusCode if each.value[0] == code), code)
-    if span.recording and isinstance(code, grpc.StatusCode):
-        span.span.set_attribute("rpc.grpc.status_code", code.value[0])
+    if isinstance(code, grpc.StatusCode):
+        span.attributes["rpc.grpc.status_code"] = code.value[0]
     error = code.name if code in SERVER_ERRORS else None
     span.end(reason, error)
 
@@ -73,7 +73,12 @@ class TracingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return handler
         method: str = handler_call_details.method
         metadata = handler_call_details.invocation_metadata or ()
-        carrier = {str(key).lower(): value for key, value in metadata if isinstance(value, str)}
+        fields = self.tracing.fields
+        carrier = {
+            key: value
+            for name, value in metadata
+            if (key := str(name).lower()) in fields and isinstance(value, str)
+        }
         service, _, name = method.lstrip("/").rpartition("/")
         attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
 

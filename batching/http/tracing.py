@@ -60,9 +60,11 @@ class TracingMiddleware:
             await self.app(scope, receive, send)
             return
         method = str(scope["method"])
+        fields = self.tracing.fields
         carrier = {
-            name.decode("latin-1").lower(): value.decode("latin-1")
+            key: value.decode("latin-1")
             for name, value in scope["headers"]
+            if (key := name.decode("latin-1").lower()) in fields
         }
         span = self.tracing.request(
             method,
@@ -72,7 +74,6 @@ class TracingMiddleware:
                 "http.request.method": method,
                 "url.path": str(scope["path"]),
                 "url.scheme": str(scope.get("scheme", "http")),
-                "network.protocol.version": str(scope.get("http_version", "1.1")),
             },
         )
         status = 0
@@ -103,15 +104,14 @@ class TracingMiddleware:
             span.end("cancelled before an answer was sent", None)
 
     def _end(self, span: RequestSpan, scope: Scope, status: int, body: bytes) -> None:
-        if span.recording:
-            attributes = span.span
-            attributes.set_attribute("http.response.status_code", status)
-            attributes.set_attribute("batching.request_id", request_id_of(scope))
-            route = scope.get("route")
-            template = getattr(route, "path", None)
-            if isinstance(template, str):
-                attributes.set_attribute("http.route", template)
-                attributes.update_name(f"{scope['method']} {template}")
+        attributes = span.attributes
+        attributes["http.response.status_code"] = status
+        attributes["batching.request_id"] = request_id_of(scope)
+        route = scope.get("route")
+        template = getattr(route, "path", None)
+        if isinstance(template, str) and span.recording:
+            attributes["http.route"] = template
+            span.span.update_name(f"{scope['method']} {template}")
         if status < 400:
             span.end(None, None)
             return

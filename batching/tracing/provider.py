@@ -10,6 +10,7 @@ exporting never runs on the request path; the exporter reads the standard
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -129,9 +130,11 @@ class Tracing:
             resource=_resource(config.service_name),
             shutdown_on_exit=False,
         )
-        self.provider.add_span_processor(
-            processor if processor is not None else BatchSpanProcessor(exporter_for(config))
-        )
+        self._processor = processor or BatchSpanProcessor(exporter_for(config))
+        self.provider.add_span_processor(self._processor)
+        #: The request headers (gRPC metadata keys) the propagators read: the carrier holds
+        #: only these.
+        self.fields = frozenset(propagate.get_global_textmap().fields)
         self.tracer = self.provider.get_tracer(SCOPE)
         self._batches: dict[str, BatchSpans] = {}
 
@@ -163,6 +166,15 @@ class Tracing:
             if spans is not None:
                 spans.deployment = deployment
 
-    def shutdown(self) -> None:
-        """Export what is buffered and stop (at the app's shutdown)."""
+    def shutdown(self, timeout: float) -> None:
+        """Export what is buffered and stop, waiting at most ``timeout`` seconds for the
+        collector (at the app's shutdown: an unreachable collector never holds it up)."""
+        processor = self._processor
+        # force_flush's own timeout does not cut short an export that is retrying.
+        flushing = threading.Thread(target=processor.force_flush, daemon=True)
+        flushing.start()
+        flushing.join(timeout)
+        if isinstance(processor, BatchSpanProcessor):
+            # Stops an export still retrying: what it held is dropped, not waited for.
+            processor.span_exporter.shutdown()
         self.provider.shutdown()

@@ -8,7 +8,6 @@ is ever made, and what the data plane pays is one :func:`current_span` lookup pe
 from __future__ import annotations
 
 import contextvars
-import time
 from typing import TYPE_CHECKING
 
 from batching.core.events import RequestRun
@@ -41,17 +40,20 @@ def reset_current_span(token: contextvars.Token[RequestSpan | None]) -> None:
 class RequestSpan:
     """One request's server span: the data plane adds the model, the items and the tokens,
     the batcher's events add the time queued, in batches and computed, and the door ends it
-    when the answer is sent, with the outcome. Whatever comes after the end (a request whose
-    queued items are dropped after its client left) is ignored."""
+    when the answer is sent, with the outcome. What is learnt on the way is kept here and set
+    on the span once, at its end (one call into the SDK, not one per fact); whatever comes
+    after the end (a request whose queued items are dropped after its client left) is
+    ignored."""
 
-    __slots__ = ("_model", "ended", "items", "span", "tokens")
+    __slots__ = ("attributes", "ended", "items", "span", "tokens")
 
     def __init__(self, span: Span) -> None:
         self.span = span
         self.ended = False
         self.items = 0
         self.tokens = 0
-        self._model = ""
+        #: Set on the span when it ends.
+        self.attributes: dict[str, str | int | float | bool] = {}
 
     @property
     def recording(self) -> bool:
@@ -59,40 +61,27 @@ class RequestSpan:
 
     def model(self, name: str) -> None:
         """The request is for model ``name``."""
-        if name != self._model and self.recording:
-            self._model = name
-            self.span.set_attribute("batching.model", name)
+        self.attributes["batching.model"] = name
 
     def submitted(self, model: str, items: int, tokens: list[int] | None) -> None:
         """``items`` (with ``tokens``, their token counts, when counted) were queued."""
-        if not self.recording:
-            return
-        self.model(model)
+        attributes = self.attributes
+        attributes["batching.model"] = model
         self.items += items
-        self.span.set_attribute("batching.items", self.items)
+        attributes["batching.items"] = self.items
         if tokens:
             self.tokens += sum(tokens)
-            self.span.set_attribute("batching.tokens", self.tokens)
+            attributes["batching.tokens"] = self.tokens
 
     def ran(self, run: RequestRun) -> None:
-        """How the request went in the batcher: attributes, and an event at each stage."""
-        if not self.recording:
+        """How the request went in the batcher: seconds queued, in batches, computed."""
+        if self.ended:
             return
-        span = self.span
-        now = time.time_ns()
-        started = now - round(run.batched_s * 1e9)
-        span.add_event("queued", timestamp=started - round(run.queue_s * 1e9))
-        if run.batches:
-            span.add_event("batch started", timestamp=started)
-        span.add_event("resolved", {"batching.ok": run.ok}, timestamp=now)
-        span.set_attributes(
-            {
-                "batching.queue_seconds": run.queue_s,
-                "batching.batched_seconds": run.batched_s,
-                "batching.compute_seconds": run.compute_s,
-                "batching.batches": run.batches,
-            }
-        )
+        attributes = self.attributes
+        attributes["batching.queue_seconds"] = run.queue_s
+        attributes["batching.batched_seconds"] = run.batched_s
+        attributes["batching.compute_seconds"] = run.compute_s
+        attributes["batching.batches"] = run.batches
 
     def end(self, reason: str | None, error: str | None) -> None:
         """End the span once: ``reason`` says why a request had no result (refused, failed,
@@ -102,11 +91,13 @@ class RequestSpan:
         self.ended = True
         span = self.span
         if span.is_recording():
+            attributes = self.attributes
             if reason is not None:
-                span.set_attribute("batching.reason", reason)
+                attributes["batching.reason"] = reason
             if error is not None:
                 from opentelemetry.trace import Status, StatusCode
 
-                span.set_attribute("error.type", error)
+                attributes["error.type"] = error
                 span.set_status(Status(StatusCode.ERROR, reason))
+            span.set_attributes(attributes)
         span.end()
