@@ -87,7 +87,11 @@ class TracingMiddleware:
             elif kind == "http.response.body" and status >= 400:
                 if sum(map(len, error_body)) <= _REASON_BYTES:
                     error_body.append(message.get("body", b""))
-            await send(message)
+            try:
+                await send(message)
+            except Exception:
+                span.end("the connection closed while the answer was sent", None)
+                raise
             if kind == "http.response.body" and not message.get("more_body", False):
                 self._end(span, scope, status, b"".join(error_body))
 
