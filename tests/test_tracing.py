@@ -120,8 +120,9 @@ async def test_refused_requests_end_their_spans_with_the_reason() -> None:
                 await client.post("/models/nope", content=b"hi", headers=auth | _tp("404")),
                 await client.post("/v2/models/echo/infer", json=v2_body, headers=auth | _tp("v2")),
                 await client.get("/v2/models/echo", headers=auth | _tp("meta")),
+                await client.post("/v1/embeddings", json={"input": "x"}, headers=_tp("openai")),
             ]
-        assert [answer.status_code for answer in answers] == [401, 413, 404, 200, 200]
+        assert [answer.status_code for answer in answers] == [401, 413, 404, 200, 200, 401]
         spans = {
             attributes_of(span).get("batching.request_id"): attributes_of(span)
             for span in server_spans(receiver, "")
@@ -139,6 +140,8 @@ async def test_refused_requests_end_their_spans_with_the_reason() -> None:
     assert infer["http.route"] == "/v2/models/{model_name}/infer"
     assert infer["batching.items"] == 2 and infer["batching.model"] == "echo"
     assert spans["req-meta"]["http.request.method"] == "GET"
+    # OpenAI's error document: the reason is its error.message.
+    assert spans["req-openai"]["batching.reason"].startswith("a valid API key is required")
 
 
 def _tp(seed: str) -> dict[str, str]:
