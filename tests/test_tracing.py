@@ -35,7 +35,7 @@ from tests.support.asgi import app_with, echo_config, serving
 from tests.support.grpc_door import serving_grpc
 from tests.support.models import EchoModel, GatedModel, SlowLoadModel
 from tests.support.otlp import GrpcReceiver, HttpReceiver, Received, attributes_of
-from tests.support.servers import running
+from tests.support.servers import free_port, running
 
 pytestmark = pytest.mark.anyio
 
@@ -288,6 +288,36 @@ async def test_grpc_calls_are_parented_on_their_metadata_and_batched_with_links(
     missing = attributes_of(calls[missing_trace])
     assert missing["rpc.grpc.status_code"] == 5  # NOT_FOUND
     assert "no model named 'nope'" in missing["batching.reason"]
+
+
+async def test_a_cancelled_grpc_call_ends_its_span_with_the_reason() -> None:
+    model = GatedModel()
+    tp, trace_id, _ = traceparent()
+    ended = Ended(trace_id)
+    port = free_port()
+    with HttpReceiver() as receiver:
+        app = app_with(
+            model, echo_config(max_batch_size=1), tracing=http_tracing(receiver), grpc_port=port
+        )
+        app.state.tracing.provider.add_span_processor(ended)
+        async with running(app):
+            client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+            try:
+                call = asyncio.create_task(
+                    client.infer("echo", [text_input(["x"])], headers={"traceparent": tp})
+                )
+                assert await asyncio.to_thread(model.entered.wait, 10)
+                call.cancel()  # the caller gives up while its batch runs
+                with pytest.raises(asyncio.CancelledError):
+                    await call
+                assert await asyncio.to_thread(ended.event.wait, 10)
+            finally:
+                model.gate.set()
+                await client.close()
+        (span,) = [span for span in receiver.spans if span.trace_id == trace_id]
+    attributes = attributes_of(span)
+    assert attributes["batching.reason"] == "the call was cancelled"
+    assert attributes["rpc.grpc.status_code"] == 1  # CANCELLED
 
 
 # ------------------------------------------------------------------------- process instances
