@@ -29,6 +29,7 @@ from batching.models.items import item_text
 from batching.models.media import check_media, media_inputs
 from batching.models.parameters import TaskItem
 from batching.runtime.deployment import Deployment
+from batching.tracing.spans import current_span
 
 __all__ = [
     "DataPlane",
@@ -195,7 +196,11 @@ class DataPlane:
 
     def deployment(self, name: str | None, version: str | None = None) -> Deployment:
         """See :meth:`Deployments.get`."""
-        return self.deployments.get(name, version)
+        deployment = self.deployments.get(name, version)
+        span = current_span()
+        if span is not None:
+            span.model(deployment.name)
+        return deployment
 
     @staticmethod
     def now() -> float:
@@ -294,13 +299,17 @@ class DataPlane:
                 failure = untokenizable(exc, request_id)
             if failure is not None:
                 raise failure
+        span = current_span()
         future = deployment.batcher.submit(
             inputs,
             deadline=deadline,
             tokens=tokens,
             request_id=request_id,
             token_cap=token_cap if tokens is not None else None,
+            trace=span,
         )
+        if span is not None:
+            span.submitted(deployment.name, len(inputs), tokens)
         watcher = asyncio.ensure_future(disconnected()) if disconnected is not None else None
         waited: set[asyncio.Future[Any]] = {future} if watcher is None else {future, watcher}
         try:
