@@ -217,6 +217,14 @@ RULES: tuple[Rule, ...] = (
         "no Kubernetes cluster here; tests/test_kubernetes.py validates the manifests",
     ),
     Rule(r"docker build ", "skip", "no container engine here; tests/test_dockerfile.py"),
+    # docs/tracing.md and README, "Traces": a server that sends traces to a collector (none
+    # listens here: it must still serve, and stop without waiting for one).
+    Rule(
+        r"docker run --rm -p 16686:16686 -p 4317:4317 -p 4318:4318 jaegertracing",
+        "skip",
+        "no container engine here; tests/test_tracing.py exports to OTLP receivers it runs",
+    ),
+    Rule(r"python server\.py --otlp-endpoint \S+( --trace-rate [0-9.]+)?$", "server"),
     Rule(
         r"python scripts/install\.py ray$|serve run batching\.ray:build_app",
         "skip",

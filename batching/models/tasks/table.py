@@ -83,7 +83,13 @@ TASKS: dict[str, Task] = {
     "summarization": Task(SEQ2SEQ_GENERATOR, "generation:SUMMARIZATION"),
     "translation": Task(SEQ2SEQ_GENERATOR, "generation:TRANSLATION"),
     "text2text-generation": Task(SEQ2SEQ_GENERATOR, "generation:TEXT2TEXT_GENERATION"),
-    # Images.
+    # Images: bytes in, never a path or URL (batching/models/images.py, clip.py).
+    "image-classification": Task(
+        "batching.models.images:ImageClassifier", "images:IMAGE_CLASSIFICATION"
+    ),
+    "image-text-embedding": Task(
+        "batching.models.clip:ImageTextEmbedder", "images:IMAGE_TEXT_EMBEDDING"
+    ),
     # Audio.
 }
 
