@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from .audio_tasks import AUDIO_TASKS, DEFAULT_MAX_SECONDS
 from .default import DEFAULT_MODEL_NAME, default_model_path
 from .engines.options import EngineOptions
 from .prompts import PromptConfigError, PromptOptions, read_prompts
@@ -157,7 +158,11 @@ class ModelSource:
         read_prompts(folder, prompt, self.default_name)
 
     def build(
-        self, engine: EngineOptions | None = None, prompt: PromptOptions | None = None
+        self,
+        engine: EngineOptions | None = None,
+        prompt: PromptOptions | None = None,
+        *,
+        max_audio_seconds: float = DEFAULT_MAX_SECONDS,
     ) -> Model:
         """A new, unloaded model object (once per instance start, on its thread or process).
 
@@ -165,6 +170,7 @@ class ModelSource:
             of the user's runs its own code.
         :param prompt: the default prompt override of a sentence embedder (checked by
             :meth:`check_prompts` at start-up).
+        :param max_audio_seconds: the longest audio an audio task's input may hold.
 
         :raises ModelSourceError: when the class cannot be built with no arguments or lacks
             ``load`` and ``predict``, or the task is unknown.
@@ -177,6 +183,11 @@ class ModelSource:
 
             assert self.location is not None
             return SparseEmbedder(self.location, engine=engine)
+        if self.kind == "pipeline" and self.task in AUDIO_TASKS:
+            from .audio import AudioModel
+
+            assert self.location is not None
+            return AudioModel(self.task, self.location, max_seconds=max_audio_seconds)
         if self.kind == "pipeline":
             from .pipeline import PipelineModel
 
