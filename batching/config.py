@@ -12,6 +12,7 @@ from batching.models.engines.options import (
     EngineOptions,
     check_engine_settings,
 )
+from batching.models.media import DEFAULT_MAX_IMAGE_PIXELS, MAX_IMAGE_PIXELS_CAP, MediaLimits
 from batching.models.prompts import PromptOptions
 from batching.models.source import ModelSource
 
@@ -68,6 +69,9 @@ class ModelConfig:
     default_prompt_name: str | None = None
     #: A literal default prompt ("" for none), overriding the folder's.
     default_prompt: str | None = None
+    #: Image inputs: the most pixels (width x height) an image may have, read from its header
+    #: before it is decoded; more is a 413 (``--max-image-pixels``).
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     #: ``source`` and ``task`` parsed (at construction, once); pass one already parsed to
     #: skip the parse.
     spec: ModelSource | None = field(default=None, compare=False, repr=False)
@@ -102,7 +106,17 @@ class ModelConfig:
             return None
         return PromptOptions(name=self.default_prompt_name, text=self.default_prompt)
 
+    @property
+    def media_limits(self) -> MediaLimits:
+        """What media inputs are checked against before they are queued."""
+        return MediaLimits(max_image_pixels=self.max_image_pixels)
+
     def _validate(self) -> None:
+        if not 1 <= self.max_image_pixels <= MAX_IMAGE_PIXELS_CAP:
+            raise ValueError(
+                f"max_image_pixels must be between 1 and {MAX_IMAGE_PIXELS_CAP} (Pillow's "
+                f"decompression-bomb limit), not {self.max_image_pixels}"
+            )
         if not self.name or "/" in self.name:
             raise ValueError(f"name: {self.name!r} must be non-empty and contain no '/'")
         if not self.devices:

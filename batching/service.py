@@ -26,6 +26,7 @@ from batching.errors import (
 )
 from batching.metrics import Metrics
 from batching.models.items import item_text
+from batching.models.media import check_media, media_inputs
 from batching.runtime.deployment import Deployment
 
 __all__ = [
@@ -114,6 +115,18 @@ def check_mask_token(metadata: dict[str, Any], inputs: list[Any]) -> None:
                 f"inputs[{index}] has no {token} token: this fill-mask model predicts the word "
                 f'at {token} in each text, e.g. "Paris is the {token} of France."'
             )
+
+
+async def check_media_items(deployment: Deployment, inputs: list[Any]) -> None:
+    """Refuse the media items (images, ...) a model cannot take, before they are queued: too
+    large (413, from the header) or undecodable (400). On a worker thread: decoding an image
+    takes milliseconds the event loop owes to every other request."""
+    media = media_inputs(deployment.metadata)
+    if not media:
+        return
+    several = len(deployment.metadata.get("inputs") or []) > 1
+    limits = deployment.config.media_limits
+    await asyncio.to_thread(check_media, media, several, inputs, limits)
 
 
 class Deployments:
@@ -263,6 +276,7 @@ class DataPlane:
         :raises BatchingError: refused at admission (see :meth:`Batcher.submit`).
         """
         check_mask_token(deployment.metadata, inputs)
+        await check_media_items(deployment, inputs)
         if token_cap is not None and tokens is not None and len(tokens) == len(inputs):
             pass  # counted by the door, and needed for the cap whatever the model's batching
         elif deployment.count_tokens is None:

@@ -17,6 +17,7 @@ from batching.models.engines.options import (
     EngineConfigError,
     default_cache_dir,
 )
+from batching.models.media import DEFAULT_MAX_IMAGE_PIXELS
 from batching.models.prompts import PromptConfigError
 from batching.models.source import ModelSource, ModelSourceError
 from batching.runtime.cpus import CpuBudget, read_cpu_budget
@@ -274,6 +275,13 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     )
     parser.flag(
         "--max-body-bytes", default=1 << 20, type=int, help="largest request body (413 beyond)"
+    )
+    parser.flag(
+        "--max-image-pixels",
+        default=DEFAULT_MAX_IMAGE_PIXELS,
+        type=int,
+        help="image inputs: most pixels (width x height) an image may have, read from its "
+        "header before it is decoded (413 beyond)",
     )
     limits = ConnectionLimits()
     parser.flag(
@@ -534,6 +542,7 @@ def parse_settings(
             precision=str(args.precision),
             engine_cache=args.engine_cache or None,
             truncate=not args.no_truncate,
+            max_image_pixels=int(args.max_image_pixels),
             default_prompt_name=args.default_prompt_name,
             default_prompt=args.default_prompt,
         )

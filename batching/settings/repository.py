@@ -50,6 +50,7 @@ _TOP_KEYS = (
     "engine",
     "precision",
     "truncate",
+    "max_image_pixels",
     "default_prompt_name",
     "default_prompt",
 )
@@ -115,6 +116,7 @@ def model_from_table(
     engine = top.choice("engine", ENGINES, base.engine)
     precision = top.choice("precision", PRECISIONS, base.precision)
     truncate = _truncate(top, base.truncate)
+    max_image_pixels = top.integer("max_image_pixels", base.max_image_pixels)
     prompt_name, prompt = _prompt(top, base)
     top.finish(_TOP_KEYS)
     try:
@@ -134,6 +136,7 @@ def model_from_table(
             precision=precision,
             engine_cache=base.engine_cache,
             truncate=truncate,
+            max_image_pixels=max_image_pixels,
             default_prompt_name=prompt_name,
             default_prompt=prompt,
         )
