@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from batching.core.config import POLICIES, BatchingConfig
+from batching.models.audio_tasks import DEFAULT_MAX_SECONDS
 from batching.models.engines.options import (
     ENGINES,
     PRECISIONS,
@@ -27,6 +28,8 @@ __all__ = [
 ]
 
 INSTANCE_KINDS = ("thread", "process")
+#: The highest ``max_audio_seconds``: an hour (a batch of such audio would not fit anyway).
+MAX_AUDIO_SECONDS = 3600.0
 #: Where warm-up inputs come from: the model's own samples, zeros, random data or a file.
 WARMUP_DATA = ("model", "zero", "random", "file")
 
@@ -72,6 +75,10 @@ class ModelConfig:
     #: Image inputs: the most pixels (width x height) an image may have, read from its header
     #: before it is decoded; more is a 413 (``--max-image-pixels``).
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    #: Audio inputs: the longest audio, in seconds, read from its header before it is
+    #: decoded (or counted from samples sent as numbers); more is a 413
+    #: (``--max-audio-seconds``).
+    max_audio_seconds: float = DEFAULT_MAX_SECONDS
     #: ``source`` and ``task`` parsed (at construction, once); pass one already parsed to
     #: skip the parse.
     spec: ModelSource | None = field(default=None, compare=False, repr=False)
@@ -109,13 +116,20 @@ class ModelConfig:
     @property
     def media_limits(self) -> MediaLimits:
         """What media inputs are checked against before they are queued."""
-        return MediaLimits(max_image_pixels=self.max_image_pixels)
+        return MediaLimits(
+            max_image_pixels=self.max_image_pixels, max_audio_seconds=self.max_audio_seconds
+        )
 
     def _validate(self) -> None:
         if not 1 <= self.max_image_pixels <= MAX_IMAGE_PIXELS_CAP:
             raise ValueError(
                 f"max_image_pixels must be between 1 and {MAX_IMAGE_PIXELS_CAP} (Pillow's "
                 f"decompression-bomb limit), not {self.max_image_pixels}"
+            )
+        if not 0 < self.max_audio_seconds <= MAX_AUDIO_SECONDS:
+            raise ValueError(
+                f"max_audio_seconds must be above 0 and at most {MAX_AUDIO_SECONDS:g}, "
+                f"not {self.max_audio_seconds}"
             )
         if not self.name or "/" in self.name:
             raise ValueError(f"name: {self.name!r} must be non-empty and contain no '/'")

@@ -49,7 +49,11 @@ from .waveform import (
     sine_wav,
 )
 
-__all__ = ["AudioModel"]
+__all__ = ["AUDIO_INPUT", "SAMPLES_INPUT", "AudioModel"]
+
+#: The metadata's inputs: a WAV or FLAC file, or mono float samples (a v2 FP32 tensor).
+AUDIO_INPUT = "audio"
+SAMPLES_INPUT = "samples"
 
 
 class AudioModel:
@@ -122,6 +126,17 @@ class AudioModel:
         value, given = item, None
         if isinstance(item, TaskItem):
             value, given = item.input, item.get("sampling_rate")
+        if isinstance(value, dict):
+            # The doors' items: {"audio": file bytes} or {"samples": numbers}, exactly one.
+            if len(value) != 1 or not set(value) <= {AUDIO_INPUT, SAMPLES_INPUT}:
+                raise InvalidRequest(
+                    f"an item is exactly one of {AUDIO_INPUT!r} (a WAV or FLAC file) or "
+                    f"{SAMPLES_INPUT!r} (float samples)"
+                )
+            if SAMPLES_INPUT in value:
+                value = np.asarray(value[SAMPLES_INPUT])
+            else:
+                value = value[AUDIO_INPUT]
         if isinstance(value, np.ndarray | list | tuple):
             return from_samples(
                 value, self.rate if given is None else given, self.rate, self.max_seconds
@@ -196,14 +211,24 @@ class AudioModel:
 
     def metadata(self) -> dict[str, Any]:
         described: dict[str, Any] = {
+            # Each item is one of them: a file, or samples at the request's sampling_rate.
             "inputs": [
                 {
-                    "name": "audio",
+                    "name": AUDIO_INPUT,
                     "datatype": "BYTES",
                     "shape": [-1],
                     "content": CONTENT,
                     "media_types": list(MEDIA_TYPES),
-                }
+                    "optional": True,
+                    "exclusive": True,
+                },
+                {
+                    "name": SAMPLES_INPUT,
+                    "datatype": "FP32",
+                    "shape": [-1, -1],
+                    "optional": True,
+                    "exclusive": True,
+                },
             ],
             "outputs": [{"name": "output", "datatype": "BYTES", "shape": [-1]}],
             PARAMETERS_KEY: {

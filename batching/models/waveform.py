@@ -39,6 +39,7 @@ __all__ = [
     "FORMATS",
     "Waveform",
     "audio_bytes",
+    "check_audio",
     "check_header",
     "decode",
     "from_samples",
@@ -112,6 +113,28 @@ def decode(data: bytes, rate: int, max_seconds: float) -> Waveform:
     :raises InvalidRequest: not WAV or FLAC, damaged, or no samples.
     :raises PayloadTooLarge: longer than ``max_seconds`` (by its header, or once decoded).
     """
+    samples, given = _read(data, max_seconds)
+    return _at_rate(samples, given, rate)
+
+
+def check_audio(data: bytes, max_seconds: float, where: str = "the audio") -> None:
+    """Refuse what :func:`decode` would refuse, by decoding it (no resampling): what the data
+    plane runs before it queues an item, so that bad audio never reaches a batch.
+
+    :raises InvalidRequest: as :func:`decode`, the message naming ``where``.
+    :raises PayloadTooLarge: as :func:`decode`, the message naming ``where``.
+    """
+    try:
+        _read(data, max_seconds)
+    except PayloadTooLarge as exc:
+        raise PayloadTooLarge(f"{where}: {exc}") from None
+    except InvalidRequest as exc:
+        raise InvalidRequest(f"{where}: {exc}") from None
+
+
+def _read(data: bytes, max_seconds: float) -> tuple[np.ndarray, int]:
+    """The mono samples of ``data`` and their rate, read block by block no further than the
+    limit."""
     info = check_header(data, max_seconds)
     limit = math.floor(max_seconds * info.samplerate)
     blocks: list[np.ndarray] = []
@@ -130,8 +153,7 @@ def decode(data: bytes, rate: int, max_seconds: float) -> Waveform:
         raise InvalidRequest(f"the audio is not {_TAKES} that can be decoded") from None
     if not frames:
         raise InvalidRequest("the audio holds no samples")
-    samples = np.concatenate(blocks)
-    return _at_rate(samples, info.samplerate, rate)
+    return np.concatenate(blocks), int(info.samplerate)
 
 
 def from_samples(values: Any, given_rate: int, rate: int, max_seconds: float) -> Waveform:

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 from batching.config import BatchingConfig, ModelConfig
 from batching.http.connections import ConnectionLimits
 from batching.keys import ApiKeyError, ApiKeys, split_keys
+from batching.models.audio_tasks import DEFAULT_MAX_SECONDS
 from batching.models.engines.options import (
     ENGINES,
     PRECISIONS,
@@ -283,6 +284,13 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="image inputs: most pixels (width x height) an image may have, read from its "
         "header before it is decoded (413 beyond)",
     )
+    parser.flag(
+        "--max-audio-seconds",
+        default=DEFAULT_MAX_SECONDS,
+        type=float,
+        help="audio inputs: the longest audio in seconds, read from a file's header before it "
+        "is decoded (413 beyond)",
+    )
     limits = ConnectionLimits()
     parser.flag(
         "--header-timeout-s",
@@ -543,6 +551,7 @@ def parse_settings(
             engine_cache=args.engine_cache or None,
             truncate=not args.no_truncate,
             max_image_pixels=int(args.max_image_pixels),
+            max_audio_seconds=float(args.max_audio_seconds),
             default_prompt_name=args.default_prompt_name,
             default_prompt=args.default_prompt,
         )

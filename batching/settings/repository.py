@@ -51,6 +51,7 @@ _TOP_KEYS = (
     "precision",
     "truncate",
     "max_image_pixels",
+    "max_audio_seconds",
     "default_prompt_name",
     "default_prompt",
 )
@@ -117,6 +118,7 @@ def model_from_table(
     precision = top.choice("precision", PRECISIONS, base.precision)
     truncate = _truncate(top, base.truncate)
     max_image_pixels = top.integer("max_image_pixels", base.max_image_pixels)
+    max_audio_seconds = top.number("max_audio_seconds", base.max_audio_seconds, positive=True)
     prompt_name, prompt = _prompt(top, base)
     top.finish(_TOP_KEYS)
     try:
@@ -137,6 +139,7 @@ def model_from_table(
             engine_cache=base.engine_cache,
             truncate=truncate,
             max_image_pixels=max_image_pixels,
+            max_audio_seconds=max_audio_seconds,
             default_prompt_name=prompt_name,
             default_prompt=prompt,
         )
