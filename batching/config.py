@@ -14,8 +14,10 @@ from batching.models.engines.options import (
     check_engine_settings,
 )
 from batching.models.media import DEFAULT_MAX_IMAGE_PIXELS, MAX_IMAGE_PIXELS_CAP, MediaLimits
+from batching.models.parameters import InvalidParameter, Parameters
 from batching.models.prompts import PromptOptions
 from batching.models.source import ModelSource
+from batching.models.tasks.table import check_defaults
 
 __all__ = [
     "ENGINES",
@@ -79,6 +81,10 @@ class ModelConfig:
     #: decoded (or counted from samples sent as numbers); more is a 413
     #: (``--max-audio-seconds``).
     max_audio_seconds: float = DEFAULT_MAX_SECONDS
+    #: A task's server-wide request parameters (the model repository's ``parameters``
+    #: table): what a request that does not set one gets. Checked against the task's
+    #: declaration at construction; stored checked, sorted by name.
+    parameters: Parameters = ()
     #: ``source`` and ``task`` parsed (at construction, once); pass one already parsed to
     #: skip the parse.
     spec: ModelSource | None = field(default=None, compare=False, repr=False)
@@ -165,3 +171,14 @@ class ModelConfig:
         )
         # Raises PromptConfigError (a ValueError): one line naming the known prompts.
         spec.check_prompts(self.prompt_options)
+        if self.parameters:
+            if spec.kind != "pipeline" or spec.task is None:
+                raise ValueError(
+                    "parameters: apply to a model folder served with a task (--task); "
+                    f"{spec.describe()} declares none"
+                )
+            try:
+                checked = check_defaults(spec.task, dict(self.parameters))
+            except InvalidParameter as exc:
+                raise ValueError(f"parameters: {exc}") from None
+            object.__setattr__(self, "parameters", checked)
