@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from batching.core.config import POLICIES, BatchingConfig
-from batching.models.audio_tasks import DEFAULT_MAX_SECONDS
 from batching.models.engines.options import (
     ENGINES,
     PRECISIONS,
@@ -17,6 +16,7 @@ from batching.models.media import DEFAULT_MAX_IMAGE_PIXELS, MAX_IMAGE_PIXELS_CAP
 from batching.models.parameters import InvalidParameter, Parameters
 from batching.models.prompts import PromptOptions
 from batching.models.source import ModelSource
+from batching.models.tasks.audio import DEFAULT_MAX_SECONDS
 from batching.models.tasks.table import check_defaults
 
 __all__ = [

@@ -29,17 +29,19 @@ import transformers
 from batching.errors import InvalidRequest
 
 from ._torch import WEIGHTS_LOADING, read_json, resolve_device
-from .audio_tasks import (
+from .engines.options import EngineOptions
+from .parameters import PARAMETERS_KEY, Param, TaskItem
+from .protocol import warmup_batches
+from .tasks.audio import (
     ASR,
+    AUDIO_CLASSIFICATION,
     AUDIO_TASKS,
+    AUTOMATIC_SPEECH_RECOGNITION,
     CLASSIFY,
     CONTENT,
     DEFAULT_MAX_SECONDS,
     MEDIA_TYPES,
-    audio_parameters,
 )
-from .parameters import PARAMETERS_KEY, TaskItem
-from .protocol import warmup_batches
 from .waveform import (
     Waveform,
     audio_bytes,
@@ -62,11 +64,17 @@ class AudioModel:
     :param task: ``automatic-speech-recognition`` or ``audio-classification``.
     :param path: the folder: weights, ``config.json``, ``preprocessor_config.json`` (the
         feature extractor) and, for speech recognition, the tokenizer.
+    :param engine: accepted as every task's model is built; the audio tasks run on torch,
+        fp32 (the settings refuse another engine or precision for them).
     :param max_seconds: the longest audio an input may hold (413 beyond).
     """
 
     def __init__(
-        self, task: str, path: str | os.PathLike[str], max_seconds: float = DEFAULT_MAX_SECONDS
+        self,
+        task: str,
+        path: str | os.PathLike[str],
+        engine: EngineOptions | None = None,
+        max_seconds: float = DEFAULT_MAX_SECONDS,
     ) -> None:
         if task not in AUDIO_TASKS:
             raise ValueError(f"task {task!r} is not an audio task ({', '.join(AUDIO_TASKS)})")
@@ -209,6 +217,9 @@ class AudioModel:
         """A second of a sine as a WAV file, decoded and heard at batch 1 and at the cap."""
         return warmup_batches(sine_wav(self.rate), max_batch_size)
 
+    def _parameters(self) -> tuple[Param, ...]:
+        return AUDIO_CLASSIFICATION if self.task == CLASSIFY else AUTOMATIC_SPEECH_RECOGNITION
+
     def metadata(self) -> dict[str, Any]:
         described: dict[str, Any] = {
             # Each item is one of them: a file, or samples at the request's sampling_rate.
@@ -231,10 +242,7 @@ class AudioModel:
                 },
             ],
             "outputs": [{"name": "output", "datatype": "BYTES", "shape": [-1]}],
-            PARAMETERS_KEY: {
-                name: param.describe()
-                for name, param in audio_parameters(self.task, self.rate).items()
-            },
+            PARAMETERS_KEY: {param.name: param.describe() for param in self._parameters()},
             "sampling_rate": self.rate,
             "max_audio_seconds": self.max_seconds,
         }

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .audio_tasks import DEFAULT_MAX_SECONDS
 from .parameters import TaskItem
+from .tasks.audio import DEFAULT_MAX_SECONDS
 
 __all__ = [
     "CHECKS",

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .audio_tasks import AUDIO_TASKS, DEFAULT_MAX_SECONDS
 from .default import DEFAULT_MODEL_NAME, default_model_path
 from .engines.options import EngineOptions
 from .prompts import PromptConfigError, PromptOptions, read_prompts
 from .protocol import Model
 from .splade import SPARSE_TASK, is_sparse_folder, read_layout
+from .tasks.audio import AUDIO_TASKS, DEFAULT_MAX_SECONDS
 from .tasks.table import TASKS, UnknownTask, resolve_task
 
 __all__ = [
@@ -191,15 +191,12 @@ class ModelSource:
 
             assert self.location is not None
             return SparseEmbedder(self.location, engine=engine)
-        if self.kind == "pipeline" and self.task in AUDIO_TASKS:
-            from .audio import AudioModel
-
-            assert self.location is not None
-            return AudioModel(self.task, self.location, max_seconds=max_audio_seconds)
         if self.kind == "pipeline":
             assert self.location is not None and self.task is not None
             serving = TASKS[self.task].server_class()
-            model: Model = serving(self.task, self.location, engine=engine)
+            # The audio tasks' models enforce the length limit on samples sent as numbers.
+            limits = {"max_seconds": max_audio_seconds} if self.task in AUDIO_TASKS else {}
+            model: Model = serving(self.task, self.location, engine=engine, **limits)
             return model
         from .sentence import SentenceEmbedder
 

@@ -33,7 +33,7 @@ import soxr
 
 from batching.errors import InvalidRequest, PayloadTooLarge
 
-from .audio_tasks import MAX_RATE, MIN_RATE
+from .tasks.audio import MAX_RATE, MIN_RATE
 
 __all__ = [
     "FORMATS",

@@ -11,7 +11,6 @@ from urllib.parse import urlsplit
 from batching.config import BatchingConfig, ModelConfig
 from batching.http.connections import ConnectionLimits
 from batching.keys import ApiKeyError, ApiKeys, split_keys
-from batching.models.audio_tasks import DEFAULT_MAX_SECONDS
 from batching.models.engines.options import (
     ENGINES,
     PRECISIONS,
@@ -21,6 +20,7 @@ from batching.models.engines.options import (
 from batching.models.media import DEFAULT_MAX_IMAGE_PIXELS
 from batching.models.prompts import PromptConfigError
 from batching.models.source import ModelSource, ModelSourceError
+from batching.models.tasks.audio import DEFAULT_MAX_SECONDS
 from batching.runtime.cpus import CpuBudget, read_cpu_budget
 from batching.tls import CLIENT_CERT_MODES, TlsConfig, TlsError, load_certificates
 
