@@ -7,8 +7,10 @@ doors alike, each with a JSON error body on HTTP."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import http.server
+import logging
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -20,14 +22,24 @@ import httpx
 import numpy as np
 import orjson
 import pytest
+import torch
 import transformers
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 from batching import BatchingConfig, ModelConfig, create_app
-from batching.models.waveform import decode
-from tests.support.audio import RATE, audio_file, classifier_folder, ctc_folder, tone
+from batching.models.audio import AudioModel
+from batching.models.waveform import decode, from_samples
+from tests.support.asgi import serving
+from tests.support.audio import (
+    RATE,
+    audio_file,
+    classifier_folder,
+    ctc_folder,
+    tone,
+    wav2vec2_config,
+)
 from tests.support.metrics import sample
 from tests.support.servers import free_port
 from tests.support.threaded import serving_in_thread
@@ -175,30 +187,83 @@ def test_samples_as_an_fp32_tensor(
     _close(plain.json()["outputs"][0], expected)
 
 
+@pytest.mark.parametrize("model", ["asr", "kws"])
 def test_16_concurrent_requests_equal_their_single_answers_in_batches(
-    server: tuple[str, str],
+    server: tuple[str, str], model: str
 ) -> None:
     url, _ = server
     clips = [audio_file(tone(0.3 + 0.05 * index, 200.0 + 37 * index)) for index in range(16)]
     singles = [
-        _plain(url, "asr", content=clip, headers={"Content-Type": "audio/wav"}) for clip in clips
+        _plain(url, model, content=clip, headers={"Content-Type": "audio/wav"}) for clip in clips
     ]
     before = httpx.get(f"{url}/metrics").text
-    count_before = sample(before, "batching_batch_size_items_count", model="asr")
-    singles_before = sample(before, "batching_batch_size_items_bucket", model="asr", le="1.0")
+    count_before = sample(before, "batching_batch_size_items_count", model=model)
+    singles_before = sample(before, "batching_batch_size_items_bucket", model=model, le="1.0")
     barrier = threading.Barrier(16)
 
     def send(clip: bytes) -> httpx.Response:
         barrier.wait()
-        return _plain(url, "asr", content=clip, headers={"Content-Type": "audio/wav"})
+        return _plain(url, model, content=clip, headers={"Content-Type": "audio/wav"})
 
     with ThreadPoolExecutor(16) as pool:
         together = list(pool.map(send, clips))
-    assert [r.json() for r in together] == [r.json() for r in singles]
+    for alone, batched in zip(singles, together, strict=True):
+        assert batched.status_code == 200, batched.text
+        _close(batched.json()["outputs"][0], alone.json()["outputs"][0])
     after = httpx.get(f"{url}/metrics").text
-    batches = sample(after, "batching_batch_size_items_count", model="asr") - count_before
-    ones = sample(after, "batching_batch_size_items_bucket", model="asr", le="1.0") - singles_before
+    batches = sample(after, "batching_batch_size_items_count", model=model) - count_before
+    ones = sample(after, "batching_batch_size_items_bucket", model=model, le="1.0") - singles_before
     assert batches < 16 and ones < batches  # batches of more than one ran
+
+
+def test_parameters_on_every_door(server: tuple[str, str], pipelines: dict[str, Any]) -> None:
+    url, target = server
+    row = tone(0.5, 440.0, 8_000)  # samples at 8 kHz, for a 16 kHz model
+    heard = from_samples(row, 8_000, RATE, 30.0).samples
+    expected = pipelines["kws"](heard, top_k=2)
+    tensor = {"name": "samples", "datatype": "FP32", "shape": [1, len(row)], "data": row.tolist()}
+    parameters = {"sampling_rate": 8_000, "top_k": 2}
+    plain = _plain(
+        url, "kws", json={"inputs": [{"samples": row.tolist()}], "parameters": parameters}
+    )
+    assert plain.status_code == 200, plain.text
+    _close(plain.json()["outputs"][0], expected)
+    v2 = _v2_json(url, "kws", [tensor], parameters=parameters)
+    assert v2.status_code == 200, v2.text
+    _close(orjson.loads(v2.json()["outputs"][0]["data"][0]), expected)
+    with triton_http.InferenceServerClient(url.removeprefix("http://")) as client:
+        result = client.infer("kws", [_samples_input(triton_http, row)], parameters=parameters)
+        _close(_answer(result), expected)
+    with triton_grpc.InferenceServerClient(target) as client:
+        result = client.infer("kws", [_samples_input(triton_grpc, row)], parameters=parameters)
+        _close(_answer(result), expected)
+    # A file's own header gives its rate; a sampling_rate that contradicts it is refused.
+    as_file = base64.b64encode(audio_file(row, 8_000)).decode()
+    ok = _plain(url, "asr", json={"inputs": [as_file], "parameters": {"sampling_rate": 8_000}})
+    assert ok.status_code == 200 and ok.json()["outputs"][0] == pipelines["asr"](heard)
+    wrong = _plain(url, "asr", json={"inputs": [as_file], "parameters": {"sampling_rate": RATE}})
+    assert wrong.status_code == 400 and "the file says 8000 Hz" in wrong.json()["error"]
+
+
+def test_unknown_or_bad_parameters_are_a_400_naming_them(server: tuple[str, str]) -> None:
+    url, target = server
+    encoded = base64.b64encode(WAV).decode()
+    tensor = {"name": "audio", "datatype": "BYTES", "shape": [1], "data": [encoded]}
+    for parameters, named in (
+        ({"top_k": 2}, "top_k"),
+        ({"sampling_rate": 10}, "sampling_rate"),
+        ({"sampling_rate": "fast"}, "sampling_rate"),
+        ({"language": "en"}, "language"),
+    ):
+        plain = _plain(url, "asr", json={"inputs": [encoded], "parameters": parameters})
+        assert plain.status_code == 400 and named in plain.json()["error"], plain.text
+        v2 = _v2_json(url, "asr", [tensor], parameters=parameters)
+        assert v2.status_code == 400 and named in v2.json()["error"], v2.text
+        with pytest.raises(InferenceServerException) as refused:
+            with triton_grpc.InferenceServerClient(target) as client:
+                client.infer("asr", [_audio_input(triton_grpc, WAV)], parameters=parameters)
+        assert str(refused.value.status()) == "StatusCode.INVALID_ARGUMENT"
+        assert named in refused.value.message()
 
 
 class _Recorder(http.server.BaseHTTPRequestHandler):
@@ -364,3 +429,34 @@ def test_bad_input_is_a_4xx_with_a_json_body(server: tuple[str, str]) -> None:
             client.infer("asr", [tensor])
     assert str(refused.value.status()) == "StatusCode.INVALID_ARGUMENT"
     assert "floats" in refused.value.message()
+
+
+@pytest.mark.anyio
+async def test_a_model_that_cannot_hear_a_second_of_audio_never_reports_ready(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="batching")
+    # Its feature encoder's one convolution is wider than the warm-up's second of sine: the
+    # folder loads, but the model cannot serve, and only the warm-up can tell.
+    folder = tmp_path / "wide"
+    torch.manual_seed(5)
+    config = wav2vec2_config(conv_dim=(16,), conv_stride=(1,), conv_kernel=(RATE * 2,))
+    transformers.Wav2Vec2ForSequenceClassification(config).save_pretrained(folder)
+    classifier_folder(tmp_path, "parts")
+    (folder / "preprocessor_config.json").write_bytes(
+        (tmp_path / "parts" / "preprocessor_config.json").read_bytes()
+    )
+    model = AudioModel(CLASSIFY, folder)
+    model.load("cpu")  # it loads
+    failed = asyncio.Event()
+    app = create_app(
+        ModelConfig(name="wide", source=str(folder), task=CLASSIFY),
+        on_load_failure=lambda *_: failed.set(),
+    )
+    async with serving(app, wait_ready=False) as client:
+        await asyncio.wait_for(failed.wait(), 60)
+        assert (await client.get("/v2/models/wide/ready")).status_code != 200
+        index = (await client.post("/v2/repository/index")).json()
+    assert index[0]["state"] == "UNAVAILABLE"
+    assert "RuntimeError" in index[0]["reason"]
+    assert any("warm-up batch 1" in record.getMessage() for record in caplog.records)

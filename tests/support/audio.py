@@ -25,23 +25,23 @@ LABELS = ["yes", "no", "up", "down", "left", "right", "stop"]
 
 def wav2vec2_config(norm: str = "layer", **extra: object) -> transformers.Wav2Vec2Config:
     # A wide initializer spreads the random outputs apart, so swapped answers differ.
-    return transformers.Wav2Vec2Config(
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=24,
-        conv_dim=(16, 16, 16),
-        conv_stride=(5, 4, 4),
-        conv_kernel=(10, 8, 4),
-        num_conv_pos_embeddings=8,
-        num_conv_pos_embedding_groups=2,
-        feat_extract_norm=norm,
-        do_stable_layer_norm=norm == "layer",
-        vocab_size=len(VOCAB),
-        pad_token_id=0,
-        initializer_range=0.5,
-        **extra,
-    )
+    settings: dict[str, object] = {
+        "hidden_size": 16,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 24,
+        "conv_dim": (16, 16, 16),
+        "conv_stride": (5, 4, 4),
+        "conv_kernel": (10, 8, 4),
+        "num_conv_pos_embeddings": 8,
+        "num_conv_pos_embedding_groups": 2,
+        "feat_extract_norm": norm,
+        "do_stable_layer_norm": norm == "layer",
+        "vocab_size": len(VOCAB),
+        "pad_token_id": 0,
+        "initializer_range": 0.5,
+    }
+    return transformers.Wav2Vec2Config(**{**settings, **extra})
 
 
 def _extractor(folder: Path) -> None:
