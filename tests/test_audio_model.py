@@ -20,7 +20,9 @@ from batching.errors import InvalidRequest, PayloadTooLarge
 from batching.models import ModelSource
 from batching.models.audio import AudioModel
 from batching.models.parameters import TaskItem, check_parameters, declared_parameters
+from batching.models.source import ModelSourceError
 from batching.models.waveform import check_header, decode, from_samples
+from batching.settings.cli import parse_settings
 from tests.support.audio import (
     LABELS,
     RATE,
@@ -284,7 +286,9 @@ def test_source_builds_the_audio_model_for_audio_tasks(folders: dict[str, Path])
         assert isinstance(model, AudioModel) and model.task == task
 
 
-def test_a_seq2seq_speech_model_is_refused_at_load(tmp_path: Path) -> None:
+def test_a_seq2seq_speech_model_is_refused_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     folder = tmp_path / "s2t"
     config = transformers.Speech2TextConfig(
         vocab_size=20,
@@ -302,6 +306,43 @@ def test_a_seq2seq_speech_model_is_refused_at_load(tmp_path: Path) -> None:
     ctc_folder(tmp_path, "parts")
     transformers.Speech2TextFeatureExtractor(feature_size=8, num_mel_bins=8).save_pretrained(folder)
     transformers.AutoTokenizer.from_pretrained(tmp_path / "parts").save_pretrained(folder)
-    model = AudioModel(ASR, folder)
+    capsys.readouterr()  # what building the folder printed
+    with pytest.raises(SystemExit) as exited:
+        parse_settings(["--model", str(folder), "--task", ASR], {})
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "holds Speech2TextForConditionalGeneration: --task automatic-speech-recognition" in err
+    assert len(err.strip().splitlines()) == 1
+    model = AudioModel(ASR, folder)  # built anyway, it refuses at load
     with pytest.raises(ValueError, match="CTC models"):
         model.load("cpu")
+
+
+def test_a_folder_without_a_feature_extractor_is_refused_at_start(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    folder = tmp_path / "bare"
+    folder.mkdir()
+    (folder / "config.json").write_bytes((folders[CLASSIFY] / "config.json").read_bytes())
+    with pytest.raises(ModelSourceError, match="no preprocessor_config.json"):
+        ModelSource.parse(str(folder), CLASSIFY)
+
+
+def test_max_audio_seconds_is_a_flag_and_a_repository_key(
+    folders: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--model", str(folders[ASR]), "--task", ASR]
+    assert parse_settings(argv, {}).models[0].max_audio_seconds == 30.0
+    settings = parse_settings([*argv, "--max-audio-seconds", "12.5"], {})
+    assert settings.models[0].media_limits.max_audio_seconds == 12.5
+    for bad in ("0", "-1", "4000"):
+        with pytest.raises(SystemExit) as exited:
+            parse_settings([*argv, "--max-audio-seconds", bad], {})
+        assert exited.value.code == 2
+        assert "max_audio_seconds" in capsys.readouterr().err
+    repository = tmp_path / "models.toml"
+    repository.write_text(
+        f'[models.asr]\nsource = "{folders[ASR]}"\ntask = "{ASR}"\nmax_audio_seconds = 5\n'
+    )
+    loaded = parse_settings(["--model-repository", str(repository)], {})
+    assert loaded.models[0].max_audio_seconds == 5.0

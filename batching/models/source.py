@@ -21,7 +21,7 @@ from .engines.options import EngineOptions
 from .prompts import PromptConfigError, PromptOptions, read_prompts
 from .protocol import Model
 from .splade import SPARSE_TASK, is_sparse_folder, read_layout
-from .tasks.audio import AUDIO_TASKS, DEFAULT_MAX_SECONDS
+from .tasks.audio import AUDIO_TASKS, DEFAULT_MAX_SECONDS, check_audio_folder
 from .tasks.table import TASKS, UnknownTask, resolve_task
 
 __all__ = [
@@ -95,6 +95,11 @@ class ModelSource:
                     "that holds the model's config.json and weights"
                 )
             if task is not None:
+                if task in AUDIO_TASKS:
+                    try:
+                        check_audio_folder(path, task)
+                    except ValueError as exc:
+                        raise ModelSourceError(str(exc)) from None
                 return cls("pipeline", str(path.resolve()), task)
             if (path / "modules.json").is_file():
                 return cls("sentence-transformers", str(path.resolve()))

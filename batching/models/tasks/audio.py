@@ -8,6 +8,9 @@ batch."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from batching.models.parameters import Param
 
 __all__ = [
@@ -21,6 +24,7 @@ __all__ = [
     "MAX_RATE",
     "MEDIA_TYPES",
     "MIN_RATE",
+    "check_audio_folder",
 ]
 
 ASR = "automatic-speech-recognition"
@@ -69,3 +73,31 @@ AUDIO_CLASSIFICATION = (
         "multi-label, none for regression, softmax otherwise)",
     ),
 )
+
+
+def check_audio_folder(folder: Path, task: str) -> None:
+    """Refuse, before any weights load, a folder an audio task cannot serve: one without a
+    feature extractor (``preprocessor_config.json``), or, for speech recognition, a model that
+    is not CTC (seq2seq speech models such as Whisper are not served).
+
+    :raises ValueError: one line saying what is wrong.
+    """
+    if not (folder / "preprocessor_config.json").is_file():
+        raise ValueError(
+            f"{folder.name} has no preprocessor_config.json: --task {task} needs the model's "
+            "feature extractor beside it"
+        )
+    if task != ASR:
+        return
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # transformers says what is wrong with it when it loads
+    architectures = config.get("architectures") if isinstance(config, dict) else None
+    if isinstance(architectures, list) and architectures:
+        name = str(architectures[0])
+        if not name.endswith("ForCTC"):
+            raise ValueError(
+                f"{folder.name} holds {name}: --task {task} serves CTC models (such as "
+                "Wav2Vec2ForCTC, HubertForCTC); seq2seq speech models are not served"
+            )
