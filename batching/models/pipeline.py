@@ -154,6 +154,10 @@ class PipelineModel:
         tokenizer = getattr(pipe, "tokenizer", None)
         if tokenizer is not None:
             self._max_length = max_length_of(tokenizer, self._config)
+            if self.task == "token-classification":
+                # Its pipeline truncates at the tokenizer's model_max_length alone, which a
+                # folder may leave unset: a long text would overflow the position table.
+                tokenizer.model_max_length = self._max_length
         head, measure = _ENGINE_TASKS.get(self.task, ("base", None))
         original = pipe.model
         self._pipeline, self._tokenizer = pipe, tokenizer
