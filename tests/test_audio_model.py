@@ -262,14 +262,21 @@ def test_a_string_is_base64_never_a_path_or_url(
             model.predict([text])
 
 
-def test_warmup_is_a_sine_that_runs(models: dict[str, AudioModel]) -> None:
+def test_warmup_is_a_sine_as_samples_and_as_a_file(models: dict[str, AudioModel]) -> None:
     for model in models.values():
         batches = model.warmup_inputs(4)
         assert [len(batch) for batch in batches] == [1, 4]
-        assert isinstance(batches[0][0], bytes)
-        assert check_header(batches[0][0], 30.0).format == "WAV"
+        samples = batches[0][0]["samples"]
+        assert samples.dtype == np.float32 and len(samples) == RATE
+        assert check_header(batches[1][0], 30.0).format == "WAV"
+        alone = model.predict(batches[0])
         outputs = model.predict(batches[1])
         assert len(outputs) == 4 and outputs[0] == outputs[3]
+        _close(outputs[0], alone[0])  # the same second of sine, as a file or as samples
+        # Server-wide defaults are tried on batch 1's item: a sampling_rate for samples fits.
+        declared = declared_parameters(model.metadata())
+        item = TaskItem(batches[0][0], check_parameters(declared, {"sampling_rate": 8_000}))
+        assert len(model.predict([item])) == 1
 
 
 def test_metadata_declares_audio_bytes_and_parameters(models: dict[str, AudioModel]) -> None:

@@ -31,7 +31,6 @@ from batching.errors import InvalidRequest
 from ._torch import WEIGHTS_LOADING, read_json, resolve_device
 from .engines.options import EngineOptions
 from .parameters import PARAMETERS_KEY, Param, TaskItem
-from .protocol import warmup_batches
 from .tasks.audio import (
     ASR,
     AUDIO_CLASSIFICATION,
@@ -48,6 +47,7 @@ from .waveform import (
     check_header,
     decode,
     from_samples,
+    sine,
     sine_wav,
 )
 
@@ -214,8 +214,10 @@ class AudioModel:
         ]
 
     def warmup_inputs(self, max_batch_size: int) -> list[list[Any]]:
-        """A second of a sine as a WAV file, decoded and heard at batch 1 and at the cap."""
-        return warmup_batches(sine_wav(self.rate), max_batch_size)
+        """A second of a 440 Hz sine: as samples at batch 1 (the batch a server's default
+        parameters, such as a ``sampling_rate`` for samples, are also tried on), and as a WAV
+        file, decoded and heard, at the batch cap."""
+        return [[{SAMPLES_INPUT: sine(self.rate)}], [sine_wav(self.rate)] * max_batch_size]
 
     def _parameters(self) -> tuple[Param, ...]:
         return AUDIO_CLASSIFICATION if self.task == CLASSIFY else AUTOMATIC_SPEECH_RECOGNITION

@@ -43,6 +43,7 @@ __all__ = [
     "check_header",
     "decode",
     "from_samples",
+    "sine",
     "sine_wav",
 ]
 
@@ -183,12 +184,16 @@ def from_samples(values: Any, given_rate: int, rate: int, max_seconds: float) ->
     return _at_rate(samples, given_rate, rate)
 
 
-def sine_wav(rate: int, seconds: float = 1.0, frequency: float = 440.0) -> bytes:
-    """A WAV file of a sine at half scale: what a warm-up decodes and hears."""
+def sine(rate: int, seconds: float = 1.0, frequency: float = 440.0) -> np.ndarray:
+    """A sine at half scale, float32 samples at ``rate`` Hz: what a warm-up hears."""
     times = np.arange(round(rate * seconds), dtype=np.float64) / rate
-    samples = (0.5 * np.sin(2 * np.pi * frequency * times)).astype(np.float32)
+    return (0.5 * np.sin(2 * np.pi * frequency * times)).astype(np.float32)
+
+
+def sine_wav(rate: int, seconds: float = 1.0, frequency: float = 440.0) -> bytes:
+    """:func:`sine` as a 16-bit WAV file: what a warm-up decodes and hears."""
     out = io.BytesIO()
-    soundfile.write(out, samples, rate, format="WAV", subtype="PCM_16")
+    soundfile.write(out, sine(rate, seconds, frequency), rate, format="WAV", subtype="PCM_16")
     return out.getvalue()
 
 
