@@ -129,9 +129,12 @@ def test_every_door_hands_the_model_the_image_bytes(server: tuple[str, str]) -> 
     assert raw.json()["outputs"] == [DIGEST]
     octets = _plain(url, content=PNG, headers={"Content-Type": "application/octet-stream"})
     assert octets.json()["outputs"] == [DIGEST]
-    as_json = _plain(url, json={"inputs": [encoded, f"data:image/png;base64,{encoded}"]})
+    as_json = _plain(
+        url,
+        json={"inputs": [encoded, f"data:image/png;base64,{encoded}", {"image": encoded}]},
+    )
     assert as_json.status_code == 200, as_json.text
-    assert as_json.json()["outputs"] == [DIGEST, DIGEST]
+    assert as_json.json()["outputs"] == [DIGEST, DIGEST, DIGEST]
     assert _text(_v2_http(url, encoded, binary=False)) == DIGEST
     assert _text(_v2_http(url, PNG, binary=True)) == DIGEST
     assert _text(_v2_grpc(target, PNG)) == DIGEST
@@ -178,18 +181,23 @@ def test_a_path_is_never_opened(server: tuple[str, str], tmp_path: Path) -> None
     path = tmp_path / "cat.png"
     path.write_bytes(PNG)
     opened: list[Any] = []
+    watching = threading.Event()
 
     def audit(event: str, args: tuple[Any, ...]) -> None:
-        if event == "open" and args and str(args[0]) == str(path):
+        if watching.is_set() and event == "open" and args and str(args[0]) == str(path):
             opened.append(args)
 
-    sys.addaudithook(audit)  # hooks cannot be removed; this one only looks at one path
-    answers = _refusals(url, target, str(path))
-    assert [status for _, status, _ in answers] == [400] * 4, answers
-    assert opened == []
-    assert all(str(tmp_path) not in message for _, _, message in answers)
-    path.read_bytes()  # the hook sees a real open of that path
-    assert opened
+    sys.addaudithook(audit)  # a hook cannot be removed: it stops watching when the test ends
+    watching.set()
+    try:
+        answers = _refusals(url, target, str(path))
+        assert [status for _, status, _ in answers] == [400] * 4, answers
+        assert opened == []
+        assert all(str(tmp_path) not in message for _, _, message in answers)
+        path.read_bytes()  # the hook sees a real open of that path
+        assert opened
+    finally:
+        watching.clear()
 
 
 def test_undecodable_bytes_are_a_400_on_every_door(server: tuple[str, str]) -> None:

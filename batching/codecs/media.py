@@ -127,6 +127,6 @@ def media_body(
             return name, kind
     takes = ", ".join(f"{kind}/*" for _, kind in declared)
     raise InvalidRequest(
-        f"a {media_type} body does not fit this model: it takes "
+        f"a body of type {media_type} does not fit this model: it takes "
         + (f"{takes} or JSON" if takes else "text or JSON")
     )

@@ -188,8 +188,11 @@ def check_inputs(inputs: list[Any], specs: Sequence[InputSpec]) -> list[Any]:
     if len(specs) > 1:
         return [named_item(item, specs, f"inputs[{index}]") for index, item in enumerate(inputs)]
     if specs and specs[0].content is not None:
-        kind = specs[0].content
-        return [media_bytes(item, kind, f"inputs[{index}]") for index, item in enumerate(inputs)]
+        # A base64 text, or an object naming the input ({"image": "<base64>"}): bytes.
+        name = specs[0].name
+        return [
+            named_item(item, specs, f"inputs[{index}]")[name] for index, item in enumerate(inputs)
+        ]
     if specs and specs[0].datatype == "BYTES":
         return check_texts(inputs)
     return inputs

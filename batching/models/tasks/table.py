@@ -75,7 +75,13 @@ TASKS: dict[str, Task] = {
     "token-classification": Task(PIPELINE, "text:TOKEN_CLASSIFICATION"),
     # Zero-shot classification.
     # Generation.
-    # Images.
+    # Images: bytes in, never a path or URL (batching/models/images.py, clip.py).
+    "image-classification": Task(
+        "batching.models.images:ImageClassifier", "images:IMAGE_CLASSIFICATION"
+    ),
+    "image-text-embedding": Task(
+        "batching.models.clip:ImageTextEmbedder", "images:IMAGE_TEXT_EMBEDDING"
+    ),
     # Audio, decoded from WAV/FLAC bytes or taken as samples (batching/models/audio.py).
     "audio-classification": Task(AUDIO, "audio:AUDIO_CLASSIFICATION"),
     "automatic-speech-recognition": Task(AUDIO, "audio:AUTOMATIC_SPEECH_RECOGNITION"),
