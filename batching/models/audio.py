@@ -39,7 +39,6 @@ from .tasks.audio import (
     CLASSIFY,
     CONTENT,
     DEFAULT_MAX_SECONDS,
-    MEDIA_TYPES,
 )
 from .waveform import (
     Waveform,
@@ -231,7 +230,6 @@ class AudioModel:
                     "datatype": "BYTES",
                     "shape": [-1],
                     "content": CONTENT,
-                    "media_types": list(MEDIA_TYPES),
                     "optional": True,
                     "exclusive": True,
                 },

@@ -22,7 +22,6 @@ __all__ = [
     "CONTENT",
     "DEFAULT_MAX_SECONDS",
     "MAX_RATE",
-    "MEDIA_TYPES",
     "MIN_RATE",
     "check_audio_folder",
 ]
@@ -33,8 +32,6 @@ CLASSIFY = "audio-classification"
 AUDIO_TASKS = (CLASSIFY, ASR)
 #: What the metadata's input entry says the model takes: media bytes of this kind.
 CONTENT = "audio"
-#: The media types a door takes as a raw body for an audio model.
-MEDIA_TYPES = ("audio/wav", "audio/x-wav", "audio/wave", "audio/flac", "audio/x-flac")
 #: The longest audio an input may hold, in seconds, unless the server says otherwise
 #: (``--max-audio-seconds``): Whisper's window, and what a CTC model's attention over every
 #: frame handles at a full batch in a few GiB.
