@@ -383,6 +383,9 @@ def _lying_flac(claimed_seconds: int) -> bytes:
 
 def test_too_long_audio_is_a_413_from_its_header_on_every_door(server: tuple[str, str]) -> None:
     url, target = server
+    batches = sample(
+        httpx.get(f"{url}/metrics").text, "batching_batch_size_items_count", model="kws"
+    )
     # Its header alone says an hour: decoded, it would hold a fraction of a second, so the
     # 413 can only come from the header, before any decoding.
     for clip in (_lying_flac(3600), audio_file(tone(MAX_SECONDS + 0.5, 300.0))):
@@ -395,6 +398,11 @@ def test_too_long_audio_is_a_413_from_its_header_on_every_door(server: tuple[str
         assert set(statuses.values()) == {413}, answers
         limit = f"at most {MAX_SECONDS:g} s (--max-audio-seconds)"
         assert all(limit in message for door, _, message in answers if "text" not in door)
+    # Refused before they were queued: no batch ran.
+    after = sample(
+        httpx.get(f"{url}/metrics").text, "batching_batch_size_items_count", 0.0, model="kws"
+    )
+    assert after == batches
     row = tone(MAX_SECONDS + 0.5, 300.0)
     long_samples = _v2_json(
         url,
