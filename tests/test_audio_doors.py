@@ -468,3 +468,20 @@ async def test_a_model_that_cannot_hear_a_second_of_audio_never_reports_ready(
     assert index[0]["state"] == "UNAVAILABLE"
     assert "RuntimeError" in index[0]["reason"]
     assert any("warm-up batch 1" in record.getMessage() for record in caplog.records)
+
+
+def test_metadata_and_config_describe_both_inputs(server: tuple[str, str]) -> None:
+    url, target = server
+    with triton_http.InferenceServerClient(url.removeprefix("http://")) as client:
+        metadata = client.get_model_metadata("kws")
+        config = client.get_model_config("kws")
+    assert [(tensor["name"], tensor["datatype"]) for tensor in metadata["inputs"]] == [
+        ("audio", "BYTES"),
+        ("samples", "FP32"),
+    ]
+    assert [tensor["name"] for tensor in config["input"]] == ["audio", "samples"]
+    described = httpx.get(f"{url}/v2/models/kws").json()
+    assert [tensor["shape"] for tensor in described["inputs"]] == [[-1, 1], [-1, -1]]
+    with triton_grpc.InferenceServerClient(target) as client:
+        grpc_metadata = client.get_model_metadata("asr", as_json=True)
+    assert [tensor["name"] for tensor in grpc_metadata["inputs"]] == ["audio", "samples"]
