@@ -52,6 +52,9 @@ from .waveform import (
 
 __all__ = ["AUDIO_INPUT", "SAMPLES_INPUT", "AudioModel"]
 
+#: The ASR pipeline's name for Whisper models, served through ``generate``.
+WHISPER = "seq2seq_whisper"
+
 #: The metadata's inputs: a WAV or FLAC file, or mono float samples (a v2 FP32 tensor).
 AUDIO_INPUT = "audio"
 SAMPLES_INPUT = "samples"
@@ -93,6 +96,7 @@ class AudioModel:
         self._device = torch.device("cpu")
         # Padding cannot change an answer only when the feature encoder normalises each frame.
         self._pads = self._config.get("feat_extract_norm") == "layer"
+        self._whisper = False
 
     def load(self, device: str) -> None:
         self._device = resolve_device(device)
@@ -102,14 +106,20 @@ class AudioModel:
             pipe = transformers.pipeline(  # type: ignore[call-overload]
                 self.task, model=str(self.path), device=self._device
             )
-        if self.task == ASR and getattr(pipe, "type", None) != "ctc":
+        kind = getattr(pipe, "type", None)
+        if self.task == ASR and kind not in ("ctc", WHISPER):
             raise ValueError(
                 f"{self.path}: speech recognition is served for CTC models (such as "
-                "Wav2Vec2ForCTC, HubertForCTC) without a language-model decoder; this folder's "
-                f"model is {type(pipe.model).__name__}"
+                "Wav2Vec2ForCTC, HubertForCTC) without a language-model decoder, and Whisper; "
+                f"this folder's model is {type(pipe.model).__name__}"
             )
         pipe.model.eval()
         self.rate = int(pipe.feature_extractor.sampling_rate)
+        self._whisper = kind == WHISPER
+        if self._whisper:
+            # Whisper hears one window (30 s): the pipeline's longer-form decoding is not served.
+            window = pipe.feature_extractor.n_samples / self.rate
+            self.max_seconds = min(self.max_seconds, float(window))
         self._pipeline = pipe
 
     def predict(self, inputs: list[Any]) -> list[Any]:
@@ -159,7 +169,8 @@ class AudioModel:
         return decode(data, self.rate, self.max_seconds)
 
     def _groups(self, waves: Sequence[Waveform]) -> list[list[int]]:
-        if self._pads:
+        if self._pads or self._whisper:
+            # Whisper's feature extractor pads every item to its 30 s window anyway.
             return [list(range(len(waves)))]
         by_length: dict[int, list[int]] = {}
         for index, wave in enumerate(waves):
@@ -167,9 +178,11 @@ class AudioModel:
         return list(by_length.values())
 
     def _run(self, batch: list[np.ndarray]) -> list[torch.Tensor]:
-        """One forward pass: per item, the CTC token ids of its own frames (speech
-        recognition), or its logits (classification)."""
+        """One forward pass: per item, the CTC token ids of its own frames or Whisper's
+        generated ids (speech recognition), or its logits (classification)."""
         pipe = self._pipeline
+        if self._whisper:
+            return self._generate(batch)
         extract: dict[str, Any] = {"sampling_rate": self.rate, "return_tensors": "pt"}
         if self.task == ASR or (self._pads and len(batch) > 1):
             extract["return_attention_mask"] = True
@@ -191,8 +204,25 @@ class AudioModel:
         frames = model._get_feat_extract_output_lengths(torch.tensor(lengths)).tolist()
         return [row[:count].argmax(dim=-1) for row, count in zip(logits, frames, strict=True)]
 
+    def _generate(self, batch: list[np.ndarray]) -> list[torch.Tensor]:
+        """Whisper: the batch's features (each padded to the window, as the pipeline pads one
+        item) through the pipeline's own forward step, ``generate`` with its defaults."""
+        pipe = self._pipeline
+        features = pipe.feature_extractor(
+            batch, sampling_rate=self.rate, return_tensors="pt", return_attention_mask=True
+        )
+        inputs = {**features, "is_last": True}
+        tokens = pipe.forward(inputs, **pipe._forward_params)["tokens"]
+        return [tokens[index : index + 1] for index in range(len(batch))]
+
     def _answer(self, output: torch.Tensor, item: Any) -> Any:
         pipe = self._pipeline
+        if self._whisper:
+            # The pipeline's own decoding of one item's ids (special tokens and timestamps).
+            text = pipe.postprocess(
+                [{"tokens": output, "is_last": True}], **pipe._postprocess_params
+            )
+            return {"text": text["text"]}
         if self.task == ASR:
             # As the pipeline decodes CTC: repeats grouped, blanks (the pad token) dropped.
             return {"text": pipe.tokenizer.decode(output.numpy(), skip_special_tokens=False)}

@@ -101,3 +101,63 @@ def audio_file(samples: np.ndarray, rate: int = RATE, form: str = "WAV") -> byte
     out = io.BytesIO()
     soundfile.write(out, samples, rate, format=form, subtype="PCM_16")
     return out.getvalue()
+
+
+def whisper_folder(root: Path, name: str = "whisper") -> Path:
+    """A tiny English-only Whisper folder: model, feature extractor and a BPE tokenizer of a
+    few letters and Whisper's special tokens; generation stops after 20 tokens."""
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    specials = [
+        "<|endoftext|>",
+        "<|startoftranscript|>",
+        "<|en|>",
+        "<|translate|>",
+        "<|transcribe|>",
+        "<|startoflm|>",
+        "<|startofprev|>",
+        "<|nocaptions|>",
+        "<|notimestamps|>",
+    ]
+    vocab = {token: index for index, token in enumerate(["!", *"abcdefgh", "Ġ", *specials])}
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    end = "<|endoftext|>"
+    tokenizer = transformers.WhisperTokenizer(
+        str(folder / "vocab.json"),
+        str(folder / "merges.txt"),
+        unk_token=end,
+        bos_token=end,
+        eos_token=end,
+        pad_token=end,
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": specials[1:]})
+    config = transformers.WhisperConfig(
+        vocab_size=len(vocab),
+        num_mel_bins=80,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=16,
+        decoder_ffn_dim=16,
+        d_model=16,
+        max_source_positions=1500,
+        max_target_positions=64,
+        pad_token_id=vocab[end],
+        bos_token_id=vocab[end],
+        eos_token_id=vocab[end],
+        decoder_start_token_id=vocab["<|startoftranscript|>"],
+        begin_suppress_tokens=None,
+        suppress_tokens=[],
+        init_std=0.5,
+    )
+    torch.manual_seed(0)
+    model = transformers.WhisperForConditionalGeneration(config)
+    model.generation_config.max_length = 20
+    model.generation_config.no_timestamps_token_id = vocab["<|notimestamps|>"]
+    model.generation_config.is_multilingual = False
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    transformers.WhisperFeatureExtractor(feature_size=80).save_pretrained(folder)
+    return folder

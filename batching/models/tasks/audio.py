@@ -75,7 +75,7 @@ AUDIO_CLASSIFICATION = (
 def check_audio_folder(folder: Path, task: str) -> None:
     """Refuse, before any weights load, a folder an audio task cannot serve: one without a
     feature extractor (``preprocessor_config.json``), or, for speech recognition, a model that
-    is not CTC (seq2seq speech models such as Whisper are not served).
+    is neither CTC nor Whisper (other seq2seq speech models are not served).
 
     :raises ValueError: one line saying what is wrong.
     """
@@ -93,8 +93,9 @@ def check_audio_folder(folder: Path, task: str) -> None:
     architectures = config.get("architectures") if isinstance(config, dict) else None
     if isinstance(architectures, list) and architectures:
         name = str(architectures[0])
-        if not name.endswith("ForCTC"):
+        if not name.endswith("ForCTC") and name != "WhisperForConditionalGeneration":
             raise ValueError(
                 f"{folder.name} holds {name}: --task {task} serves CTC models (such as "
-                "Wav2Vec2ForCTC, HubertForCTC); seq2seq speech models are not served"
+                "Wav2Vec2ForCTC, HubertForCTC) and Whisper; other seq2seq speech models are "
+                "not served"
             )
