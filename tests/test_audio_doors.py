@@ -39,6 +39,7 @@ from tests.support.audio import (
     ctc_folder,
     tone,
     wav2vec2_config,
+    whisper_folder,
 )
 from tests.support.metrics import sample
 from tests.support.servers import free_port
@@ -46,6 +47,9 @@ from tests.support.threaded import serving_in_thread
 
 ASR = "automatic-speech-recognition"
 CLASSIFY = "audio-classification"
+WHISPER = "whisper"
+#: The served models' names, and their tasks (Whisper: speech recognition too).
+MODELS = {"asr": ASR, "kws": CLASSIFY, "whisper": WHISPER}
 MAX_SECONDS = 2.0
 
 WAV = audio_file(tone(0.8, 330.0))
@@ -55,7 +59,7 @@ FLAC = audio_file(tone(0.6, 610.0, 44_100, channels=2), 44_100, "FLAC")
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("audio-doors")
-    return {ASR: ctc_folder(root), CLASSIFY: classifier_folder(root)}
+    return {ASR: ctc_folder(root), CLASSIFY: classifier_folder(root), WHISPER: whisper_folder(root)}
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +69,11 @@ def server(folders: dict[str, Path]) -> Iterator[tuple[str, str]]:
         ModelConfig(
             name=name,
             source=str(folders[task]),
-            task=task,
+            task=ASR if task == WHISPER else task,
             batching=BatchingConfig(max_batch_size=16, max_queue_delay=0.05),
             max_audio_seconds=MAX_SECONDS,
         )
-        for name, task in (("asr", ASR), ("kws", CLASSIFY))
+        for name, task in MODELS.items()
     ]
     app = create_app(configs, grpc_port=grpc_port)
     with serving_in_thread(app, timeout=120) as url:
@@ -79,8 +83,8 @@ def server(folders: dict[str, Path]) -> Iterator[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def pipelines(folders: dict[str, Path]) -> dict[str, Any]:
     return {
-        name: transformers.pipeline(task, model=str(folders[task]))
-        for name, task in (("asr", ASR), ("kws", CLASSIFY))
+        name: transformers.pipeline(ASR if task == WHISPER else task, model=str(folders[task]))
+        for name, task in MODELS.items()
     }
 
 
@@ -133,7 +137,7 @@ def _close(ours: Any, theirs: Any) -> None:
     )
 
 
-@pytest.mark.parametrize("model", ["asr", "kws"])
+@pytest.mark.parametrize("model", ["asr", "kws", "whisper"])
 def test_every_door_answers_as_the_pipeline_does(
     server: tuple[str, str], pipelines: dict[str, Any], model: str
 ) -> None:
@@ -187,7 +191,7 @@ def test_samples_as_an_fp32_tensor(
     _close(plain.json()["outputs"][0], expected)
 
 
-@pytest.mark.parametrize("model", ["asr", "kws"])
+@pytest.mark.parametrize("model", ["asr", "kws", "whisper"])
 def test_16_concurrent_requests_equal_their_single_answers_in_batches(
     server: tuple[str, str], model: str
 ) -> None:
