@@ -1,9 +1,10 @@
 """The audio tasks on every door, against a real server on 127.0.0.1 serving tiny Wav2Vec2
-(CTC and classification) and Whisper models: a raw ``audio/wav`` or ``audio/flac`` body, base64 in JSON, KServe v2 BYTES (JSON and
-binary) and gRPC, and float samples as a v2 FP32 tensor; 16 concurrent requests equal their
-single answers and run in batches over one; a string is never a path or a URL; undecodable
-audio is a 400 and a too-long one a 413 read from its header, on the plain, v2 HTTP and gRPC
-doors alike, each with a JSON error body on HTTP."""
+(CTC and classification) and Whisper models: a raw ``audio/wav`` or ``audio/flac`` body,
+base64 in JSON, KServe v2 BYTES (JSON and binary) and gRPC, and float samples as a v2 FP32
+tensor; 16 concurrent requests equal their single answers and run in batches over one; a
+string is never a path or a URL; undecodable audio is a 400 and a too-long one a 413 read from
+its header, on the plain, v2 HTTP and gRPC doors alike, each with a JSON error body on
+HTTP."""
 
 from __future__ import annotations
 
