@@ -237,33 +237,43 @@ def test_an_item_is_a_text_or_an_image_not_both(server: tuple[str, str]) -> None
     assert str(caught.value.status()) == "StatusCode.INVALID_ARGUMENT"
 
 
+def _over_one(url: str, model: str) -> float:
+    """Batches of more than one item ``model`` has run, from ``/metrics``."""
+    metrics = httpx.get(f"{url}/metrics").text
+    return sample(metrics, "batching_batch_size_items_count", model=model) - sample(
+        metrics, "batching_batch_size_items_bucket", model=model, le="1.0"
+    )
+
+
+@pytest.mark.parametrize("model", ["vit", "clip"])
 def test_sixteen_concurrent_requests_equal_their_single_answers_in_batches(
-    server: tuple[str, str],
+    server: tuple[str, str], model: str
 ) -> None:
     url, _ = server
     images = [png(36 + seed, 28, 100 + seed) for seed in range(16)]
+    # The embedder gets texts and images mixed: each batch runs its texts and its images.
+    bodies: list[dict[str, Any]] = [
+        {"content": data, "headers": {"Content-Type": "image/png"}}
+        if model == "vit" or seed % 2
+        else {"json": {"inputs": [f"{TEXTS[seed % 3]} {seed}"]}}
+        for seed, data in enumerate(images)
+    ]
 
-    def ask(data: bytes) -> Any:
-        answer = httpx.post(
-            f"{url}/models/vit", content=data, headers={"Content-Type": "image/png"}, timeout=60
-        )
+    def ask(body: dict[str, Any]) -> Any:
+        answer = httpx.post(f"{url}/models/{model}", timeout=60, **body)
         assert answer.status_code == 200, answer.text
         return answer.json()["outputs"][0]
 
-    single = [ask(data) for data in images]
-    metrics = httpx.get(f"{url}/metrics").text
-    before = sample(metrics, "batching_batch_size_items_count", model="vit") - sample(
-        metrics, "batching_batch_size_items_bucket", model="vit", le="1.0"
-    )
+    single = [ask(body) for body in bodies]
+    before = _over_one(url, model)
     with ThreadPoolExecutor(16) as pool:
-        together = list(pool.map(ask, images))
+        together = list(pool.map(ask, bodies))
     for got, want in zip(together, single, strict=True):
-        _same_labels(got, want)
-    metrics = httpx.get(f"{url}/metrics").text
-    over_one = sample(metrics, "batching_batch_size_items_count", model="vit") - sample(
-        metrics, "batching_batch_size_items_bucket", model="vit", le="1.0"
-    )
-    assert over_one > before
+        if model == "vit":
+            _same_labels(got, want)
+        else:
+            np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    assert _over_one(url, model) > before
 
 
 def test_bad_images_are_a_400_with_a_json_body_on_every_door(server: tuple[str, str]) -> None:

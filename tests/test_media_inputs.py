@@ -16,16 +16,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from PIL import Image
+from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from batching import BatchingConfig, ModelBase, ModelConfig, create_app
 from batching.models.imaging import sample_png
+from tests.support.grpc_door import raw_output, typed_request
 from tests.support.servers import free_port
 from tests.support.threaded import serving_in_thread
 
@@ -254,3 +257,11 @@ def test_bad_media_input_is_a_400_with_a_json_body(server: tuple[str, str]) -> N
         timeout=30,
     )
     assert fp32.status_code == 400 and "BYTES" in fp32.json()["error"]
+
+
+def test_grpc_typed_bytes_contents_carry_raw_image_bytes(server: tuple[str, str]) -> None:
+    _, target = server
+    request = typed_request(MODEL, "image", "BYTES", [2], "bytes_contents", [PNG, PNG])
+    with grpc.insecure_channel(target) as channel:
+        response = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request)
+    assert [_text(row) for row in raw_output(response).reshape(-1)] == [DIGEST, DIGEST]
