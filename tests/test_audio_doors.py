@@ -487,6 +487,7 @@ def test_metadata_and_config_describe_both_inputs(server: tuple[str, str]) -> No
     assert [tensor["name"] for tensor in config["input"]] == ["audio", "samples"]
     described = httpx.get(f"{url}/v2/models/kws").json()
     assert [tensor["shape"] for tensor in described["inputs"]] == [[-1, 1], [-1, -1]]
+    assert sorted(described["parameters"]) == ["function_to_apply", "sampling_rate", "top_k"]
     with triton_grpc.InferenceServerClient(target) as client:
         grpc_metadata = client.get_model_metadata("asr", as_json=True)
     assert [tensor["name"] for tensor in grpc_metadata["inputs"]] == ["audio", "samples"]
