@@ -1,5 +1,6 @@
-"""The audio tasks: automatic-speech-recognition (CTC models) and audio-classification,
-served from a local model folder, batched through the feature extractor and the model.
+"""The audio tasks: automatic-speech-recognition (CTC models, and Whisper through
+``generate``) and audio-classification, served from a local model folder, batched through the
+feature extractor and the model.
 
 An input is the bytes of a WAV or FLAC file (a string is their base64, never a path or a
 URL), or a row of float samples whose rate the request's ``sampling_rate`` parameter gives
@@ -12,7 +13,8 @@ A batch is one forward pass where padding cannot change an answer: models whose 
 encoder normalises each frame (``feat_extract_norm: "layer"``) get the batch padded with an
 attention mask, and their padded frames are cut off before decoding. Others (a group-norm
 feature encoder normalises over the whole, padded, input) run the items of equal length
-together, so every answer equals the one the item gets alone.
+together, so every answer equals the one the item gets alone. Whisper's feature extractor pads
+every item to its 30 s window, as the pipeline pads one, so any items share its batch.
 """
 
 from __future__ import annotations
