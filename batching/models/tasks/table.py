@@ -35,6 +35,8 @@ __all__ = [
 
 #: What serves the text tasks: one transformers pipeline per model.
 PIPELINE = "batching.models.pipeline:PipelineModel"
+#: What serves the audio tasks: the feature extractor and the model, batched.
+AUDIO = "batching.models.audio:AudioModel"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +82,9 @@ TASKS: dict[str, Task] = {
     "image-text-embedding": Task(
         "batching.models.clip:ImageTextEmbedder", "images:IMAGE_TEXT_EMBEDDING"
     ),
-    # Audio.
+    # Audio, decoded from WAV/FLAC bytes or taken as samples (batching/models/audio.py).
+    "audio-classification": Task(AUDIO, "audio:AUDIO_CLASSIFICATION"),
+    "automatic-speech-recognition": Task(AUDIO, "audio:AUTOMATIC_SPEECH_RECOGNITION"),
 }
 
 #: Other names transformers gives a served task.
