@@ -80,7 +80,11 @@ OnLoadFailure = Callable[[Deployment, int, str], None]
 def default_model_builder(config: ModelConfig) -> Model:
     """Build a model from the configuration's parsed source (see :class:`ModelSource`), told
     the configuration's engine and precision, and its default prompt override."""
-    return config.model_source.build(config.engine_options, config.prompt_options)
+    return config.model_source.build(
+        config.engine_options,
+        config.prompt_options,
+        max_audio_seconds=config.max_audio_seconds,
+    )
 
 
 class _ConfigFactory:

@@ -111,6 +111,18 @@ RULES: tuple[Rule, ...] = (
         )
         for pattern in (r"openssl ", r"python server\.py --ssl-certfile ", r"curl --cacert ")
     ),
+    *(
+        Rule(
+            pattern,
+            "skip",
+            "README's speech example needs a real speech model and a recording: "
+            "tests/test_audio_doors.py serves tiny ones and sends WAV bodies on every door",
+        )
+        for pattern in (
+            r"python server\.py --model \./wav2vec2-base-960h ",
+            r"curl -s localhost:8000/ -H \"Content-Type: audio/wav\" --data-binary @speech\.wav$",
+        )
+    ),
     Rule(
         r"curl -s 127\.0\.0\.1:8000/models/my-",
         "skip",

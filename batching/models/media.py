@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .parameters import TaskItem
+from .tasks.audio import DEFAULT_MAX_SECONDS
 
 __all__ = [
     "CHECKS",
@@ -39,6 +40,8 @@ class MediaLimits:
     """The limits a model's media items are checked against (from its ``ModelConfig``)."""
 
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    #: The longest audio, in seconds (``--max-audio-seconds``).
+    max_audio_seconds: float = DEFAULT_MAX_SECONDS
 
 
 def _check_image(data: bytes, limits: MediaLimits, where: str) -> None:
@@ -48,8 +51,18 @@ def _check_image(data: bytes, limits: MediaLimits, where: str) -> None:
     check_image(data, limits.max_image_pixels, where)
 
 
+def _check_audio(data: bytes, limits: MediaLimits, where: str) -> None:
+    # Imported here: a server that serves no audio model never loads libsndfile.
+    from .waveform import check_audio
+
+    check_audio(data, limits.max_audio_seconds, where)
+
+
 #: The check of each media kind: ``(bytes, limits, where)``, raising a 4xx error.
-CHECKS: dict[str, Callable[[bytes, MediaLimits, str], None]] = {"image": _check_image}
+CHECKS: dict[str, Callable[[bytes, MediaLimits, str], None]] = {
+    "image": _check_image,
+    "audio": _check_audio,
+}
 
 
 def media_inputs(metadata: Mapping[str, Any]) -> dict[str, str]:

@@ -20,6 +20,7 @@ from batching.models.engines.options import (
 from batching.models.media import DEFAULT_MAX_IMAGE_PIXELS
 from batching.models.prompts import PromptConfigError
 from batching.models.source import ModelSource, ModelSourceError
+from batching.models.tasks.audio import DEFAULT_MAX_SECONDS
 from batching.runtime.cpus import CpuBudget, read_cpu_budget
 from batching.tls import CLIENT_CERT_MODES, TlsConfig, TlsError, load_certificates
 from batching.tracing.config import TracingConfig, TracingConfigError, tracing_config
@@ -286,6 +287,13 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         type=int,
         help="image inputs: most pixels (width x height) an image may have, read from its "
         "header before it is decoded (413 beyond)",
+    )
+    parser.flag(
+        "--max-audio-seconds",
+        default=DEFAULT_MAX_SECONDS,
+        type=float,
+        help="audio inputs: the longest audio in seconds, read from a file's header before it "
+        "is decoded (413 beyond)",
     )
     limits = ConnectionLimits()
     parser.flag(
@@ -566,6 +574,7 @@ def parse_settings(
             engine_cache=args.engine_cache or None,
             truncate=not args.no_truncate,
             max_image_pixels=int(args.max_image_pixels),
+            max_audio_seconds=float(args.max_audio_seconds),
             default_prompt_name=args.default_prompt_name,
             default_prompt=args.default_prompt,
         )
