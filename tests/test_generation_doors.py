@@ -244,9 +244,14 @@ def test_translation_and_text2text_through_the_doors(
     assert [json.loads(row) for row in result.as_numpy("output").ravel()] == [german]
     grpc.close()
     singles = [generate(url, "bart", p, max_new_tokens=5) for p in PROMPTS]
+    batches = sample(
+        httpx.get(f"{url}/metrics").text, "batching_batch_size_items_count", model="bart"
+    )
     with ThreadPoolExecutor(16) as pool:
         together = list(pool.map(lambda p: generate(url, "bart", p, max_new_tokens=5), PROMPTS))
     assert together == singles and set(singles[0]) == {"generated_text"}
+    metrics = httpx.get(f"{url}/metrics").text
+    assert sample(metrics, "batching_batch_size_items_count", model="bart") - batches < 16
 
 
 def test_an_input_that_is_not_a_text_is_a_4xx_on_every_door(server: tuple[str, str]) -> None:
