@@ -666,7 +666,8 @@ def prepare(rule: Rule, workspace: Workspace, where: Path) -> None:
             "tiny.sentence_folder(root, 'my-sentence-model'); "
             "tiny_tasks.token_classifier_folder(root, 'my-tagger'); "
             "bert = tiny.encoder_folder(root, 'my-bert'); "
-            "transformers.BertForMaskedLM(tiny.bert_config()).save_pretrained(bert)"
+            "transformers.BertForMaskedLM(tiny.bert_config()).save_pretrained(bert); "
+            "from tests.support import generators; generators.gpt2_folder(root, 'my-gpt2')"
         )
         done = subprocess.run(
             [sys.executable, "-c", script, str(ROOT)],
