@@ -110,9 +110,7 @@ class ZeroShotModel:
 
     def _load_reference(self) -> Any:
         with WEIGHTS_LOADING:
-            model = transformers.AutoModelForSequenceClassification.from_pretrained(
-                str(self.path)
-            )
+            model = transformers.AutoModelForSequenceClassification.from_pretrained(str(self.path))
         model.eval()
         return model.to(self._device)
 
