@@ -42,7 +42,7 @@ def reference(folder: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def model(folder: Path) -> Iterator[ZeroShotModel]:
-    built = ZeroShotModel(folder)
+    built = ZeroShotModel(TASK, folder)
     built.load("cpu")
     yield built
 
@@ -159,7 +159,7 @@ async def started(folder: Path, **batching: Any) -> tuple[DataPlane, Deployment,
     ready = asyncio.Event()
     deployment = Deployment(
         config,
-        lambda: ZeroShotModel(folder),
+        lambda: ZeroShotModel(TASK, folder),
         events=metrics.for_model("zs"),
         on_ready=lambda *_: ready.set(),
         on_load_failure=lambda _deployment, _index, reason: pytest.fail(reason),

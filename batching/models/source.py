@@ -187,7 +187,7 @@ class ModelSource:
             from .zero_shot import ZeroShotModel
 
             assert self.location is not None
-            return ZeroShotModel(self.location, engine=engine)
+            return ZeroShotModel(self.task, self.location, engine=engine)
         if self.kind == "pipeline":
             from .pipeline import PipelineModel
 

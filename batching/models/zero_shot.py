@@ -37,6 +37,7 @@ from .engines.selection import EngineJob, select_engine
 from .nli import (
     DEFAULT_TEMPLATE,
     ZERO_SHOT_PARAMETERS,
+    ZERO_SHOT_TASK,
     nli_logit_ids,
     zero_shot_answer,
     zero_shot_request,
@@ -54,12 +55,18 @@ class ZeroShotModel:
     """``pipeline("zero-shot-classification")``'s answers, one (text, label) pair per unit of
     batching.
 
+    :param task: ``zero-shot-classification`` (every task's class is built alike).
     :param path: a local NLI model folder (a sequence classifier whose config's ``label2id``
         names an entailment label; checked now, so a wrong model fails at start-up).
     :param engine: what computes the logits (:mod:`batching.models.engines`); None: torch fp32.
     """
 
-    def __init__(self, path: str | os.PathLike[str], engine: EngineOptions | None = None) -> None:
+    def __init__(
+        self, task: str, path: str | os.PathLike[str], engine: EngineOptions | None = None
+    ) -> None:
+        if task != ZERO_SHOT_TASK:
+            raise ValueError(f"ZeroShotModel serves {ZERO_SHOT_TASK}, not {task!r}")
+        self.task = task
         self.path = Path(path)
         if not (self.path / "config.json").is_file():
             raise ValueError(f"model folder {str(self.path)!r} has no config.json")
@@ -208,7 +215,7 @@ class ZeroShotModel:
             "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
             # {"sequence", "labels", "scores"} per text, as a JSON string.
             "outputs": [{"name": "output", "datatype": "BYTES", "shape": [-1]}],
-            "task": "zero-shot-classification",
+            "task": ZERO_SHOT_TASK,
             PARAMETERS_KEY: {name: p.describe() for name, p in ZERO_SHOT_PARAMETERS.items()},
             EXPANDS_KEY: True,
         }
