@@ -15,6 +15,7 @@ import transformers
 from batching import BatchingConfig, ModelConfig
 from batching.errors import InvalidRequest, PayloadTooLarge
 from batching.metrics import Metrics
+from batching.models.engines.options import EngineOptions
 from batching.models.nli import ZERO_SHOT_PARAMETERS, nli_logit_ids
 from batching.models.parameters import TaskItem, check_parameters
 from batching.models.source import ModelSource, ModelSourceError
@@ -146,6 +147,19 @@ def test_warm_up_runs_a_text_and_labels(model: ZeroShotModel) -> None:
     }
     for batch in batches:
         assert model.predict(batch).shape == (len(batch), 2)
+
+
+@pytest.mark.parametrize("engine", ["onnxruntime", "openvino"])
+def test_the_pairs_run_on_the_chosen_engine(
+    folder: Path, model: ZeroShotModel, tmp_path: Path, engine: str
+) -> None:
+    options = EngineOptions(engine, "fp32", str(tmp_path / "cache"), (1, 4), "tiny")
+    exported = ZeroShotModel(TASK, folder, engine=options)
+    exported.load("cpu")
+    assert exported.metadata()["engine"]["engine"] == engine
+    for text in TEXTS[:2]:
+        request = item(text, candidate_labels=LABELS[:6], multi_label=text == TEXTS[0])
+        assert_same(answer(exported, request), answer(model, request))
 
 
 # -- through the data plane ------------------------------------------------------------------
