@@ -12,8 +12,10 @@ from batching.models.engines.options import (
     EngineOptions,
     check_engine_settings,
 )
+from batching.models.parameters import InvalidParameter, Parameters
 from batching.models.prompts import PromptOptions
 from batching.models.source import ModelSource
+from batching.models.tasks.table import check_defaults
 
 __all__ = [
     "ENGINES",
@@ -68,6 +70,10 @@ class ModelConfig:
     default_prompt_name: str | None = None
     #: A literal default prompt ("" for none), overriding the folder's.
     default_prompt: str | None = None
+    #: A task's server-wide request parameters (the model repository's ``parameters``
+    #: table): what a request that does not set one gets. Checked against the task's
+    #: declaration at construction; stored checked, sorted by name.
+    parameters: Parameters = ()
     #: ``source`` and ``task`` parsed (at construction, once); pass one already parsed to
     #: skip the parse.
     spec: ModelSource | None = field(default=None, compare=False, repr=False)
@@ -137,3 +143,14 @@ class ModelConfig:
         )
         # Raises PromptConfigError (a ValueError): one line naming the known prompts.
         spec.check_prompts(self.prompt_options)
+        if self.parameters:
+            if spec.kind != "pipeline" or spec.task is None:
+                raise ValueError(
+                    "parameters: apply to a model folder served with a task (--task); "
+                    f"{spec.describe()} declares none"
+                )
+            try:
+                checked = check_defaults(spec.task, dict(self.parameters))
+            except InvalidParameter as exc:
+                raise ValueError(f"parameters: {exc}") from None
+            object.__setattr__(self, "parameters", checked)

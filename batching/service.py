@@ -27,6 +27,7 @@ from batching.errors import (
 from batching.expansion import expand_items
 from batching.metrics import Metrics
 from batching.models.items import item_text
+from batching.models.parameters import TaskItem
 from batching.runtime.deployment import Deployment
 
 __all__ = [
@@ -51,6 +52,8 @@ def _cheap_to_tokenize(inputs: list[Any]) -> bool:
         return False
     size = 0
     for item in inputs:
+        if isinstance(item, TaskItem):
+            item = item.input
         if isinstance(item, dict):
             size += sum(len(value) for value in item.values() if isinstance(value, str))
             continue
@@ -110,6 +113,8 @@ def check_mask_token(metadata: dict[str, Any], inputs: list[Any]) -> None:
     if not isinstance(token, str) or not token:
         return
     for index, item in enumerate(inputs):
+        if isinstance(item, TaskItem):
+            item = item.input
         if isinstance(item, str) and token not in item:
             raise UnprocessableInput(
                 f"inputs[{index}] has no {token} token: this fill-mask model predicts the word "

@@ -19,6 +19,7 @@ from batching.codecs.inputs import input_specs
 from batching.codecs.openai import is_embedding_model
 from batching.codecs.plain import check_inputs, encode_embeddings, encode_outputs, parse_request
 from batching.codecs.sparse import check_truncation, options_request, serves_sparse, sparse_items
+from batching.codecs.task_parameters import declares_parameters, task_items
 from batching.errors import InvalidRequest, NotReady
 from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
@@ -61,6 +62,9 @@ def plain_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
                 asked = options_request(inputs, parsed.options, where="the request")
                 inputs = sparse_items(asked, deployment.metadata)
                 await check_truncation(plane, deployment, parsed.options, inputs)
+            elif declares_parameters(deployment):
+                # A task's parameters (every key beside inputs, or in "parameters").
+                inputs = task_items(deployment, inputs, parsed.options, where="the request")
             elif _embeds(deployment, parsed.options):
                 plan = plan_embedding(
                     inputs,

@@ -3,8 +3,9 @@ carry (one tensor per declared input; several inputs make dict items), the deadl
 for, the embedding options its parameters set, and the response tensors of the outputs.
 
 Request parameters are Triton's (:data:`TRITON_PARAMETERS`, which tritonclient and
-perf_analyzer send) or embedding options (:mod:`batching.codecs.embed_options`); any other is
-a 400, never ignored. An embedding answer's tensor follows its encoding (FP32 ``[n, dim]``;
+perf_analyzer send), a task's parameters (:mod:`batching.codecs.task_parameters`) or embedding
+options (:mod:`batching.codecs.embed_options`); any other is a 400, never ignored. An
+embedding answer's tensor follows its encoding (FP32 ``[n, dim]``;
 INT8 or UINT8 ``[n, dim]`` for int8/uint8; INT8 or UINT8 ``[n, ceil(dim/8)]`` for
 binary/ubinary; BYTES ``[n, 1]`` of base64 text for the ``base64`` encodings), and the
 response's parameters say which texts were cut and the tokens used
@@ -28,6 +29,7 @@ from batching.codecs.openai import is_embedding_model
 from batching.codecs.plain import check_texts
 from batching.codecs.sparse import OPTIONS as SPARSE_OPTIONS
 from batching.codecs.sparse import serves_sparse
+from batching.codecs.task_parameters import declares_parameters, list_values, task_items
 from batching.errors import InvalidRequest, NotReady, UnprocessableInput
 from batching.runtime.deployment import Deployment
 
@@ -45,6 +47,7 @@ __all__ = [
     "embedding_tensors",
     "items_of",
     "output_tensors",
+    "task_items_of",
     "timeout_parameter",
     "token_answer_parameters",
     "token_answer_tensors",
@@ -185,6 +188,39 @@ def _named_items(
         raise InvalidRequest("the inputs have no items")
     names = [spec.name for spec in specs if spec.name in columns]
     return [{name: columns[name][index] for name in names} for index in range(count)]
+
+
+def task_items_of(
+    deployment: Deployment, request: InferRequest, items: list[Any]
+) -> list[Any] | None:
+    """``items`` with the task parameters ``request`` sets (its parameters but Triton's),
+    checked (:mod:`batching.codecs.task_parameters`), when ``deployment`` serves a task that
+    declares parameters; None otherwise (the request goes the embedding or plain way). A list
+    parameter may be sent as a string holding a JSON array, as gRPC's scalar parameters need.
+
+    :raises InvalidRequest: an unknown or ill-typed parameter, naming it, or an output
+        parameter that is not Triton's (a task's outputs take none).
+    """
+    if not declares_parameters(deployment):
+        return None
+    for output in request.outputs:
+        for key, value in output.parameters.items():
+            if key not in TRITON_OUTPUT_PARAMETERS and value is not None:
+                raise InvalidRequest(
+                    f"output {output.name!r} has the unknown parameter {key!r}; an output "
+                    f"takes {', '.join(sorted(TRITON_OUTPUT_PARAMETERS))}"
+                )
+    given = {
+        key: value
+        for key, value in request.parameters.items()
+        if key not in TRITON_PARAMETERS and value is not None
+    }
+    return task_items(
+        deployment,
+        items,
+        list_values(deployment, given) if given else given,
+        where="the request's parameters",
+    )
 
 
 def output_tensors(deployment: Deployment, outputs: Any) -> list[InferTensor]:

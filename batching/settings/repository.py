@@ -52,6 +52,7 @@ _TOP_KEYS = (
     "truncate",
     "default_prompt_name",
     "default_prompt",
+    "parameters",
 )
 
 
@@ -116,6 +117,7 @@ def model_from_table(
     precision = top.choice("precision", PRECISIONS, base.precision)
     truncate = _truncate(top, base.truncate)
     prompt_name, prompt = _prompt(top, base)
+    parameters = _parameters(top, task)
     top.finish(_TOP_KEYS)
     try:
         return ModelConfig(
@@ -136,9 +138,26 @@ def model_from_table(
             truncate=truncate,
             default_prompt_name=prompt_name,
             default_prompt=prompt,
+            parameters=parameters,
         )
     except ValueError as exc:  # cross-field rules the checks above do not cover
         raise RepositoryError(f"{file}: {path + ': ' if path else ''}{exc}") from exc
+
+
+def _parameters(top: Table, task: str | None) -> tuple[tuple[str, Any], ...]:
+    """``parameters``: a task's server-wide request parameters, as a table of values (checked
+    against the task's declaration by ModelConfig; the message then names the key)."""
+    table = top.table("parameters")
+    if table is None:
+        return ()
+    if task is None:
+        raise top.error("parameters", "applies only to a model served with a task")
+    return tuple(sorted((str(key), _frozen(value)) for key, value in table.data.items()))
+
+
+def _frozen(value: Any) -> Any:
+    """A TOML value as a hashable one (arrays become tuples)."""
+    return tuple(_frozen(item) for item in value) if isinstance(value, list) else value
 
 
 def _truncate(top: Table, default: bool) -> bool:
