@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .parameters import InvalidParameter, Param, TaskItem
+from .tasks.zero_shot import DEFAULT_TEMPLATE, ZERO_SHOT_CLASSIFICATION
 
 __all__ = [
     "DEFAULT_TEMPLATE",
@@ -35,38 +36,8 @@ __all__ = [
 
 ZERO_SHOT_TASK = "zero-shot-classification"
 
-#: The pipeline's own default.
-DEFAULT_TEMPLATE = "This example is {}."
-
-#: What a request may set. Every one is batch-neutral: a request becomes one unit of batching
-#: per (text, label) pair before it is queued, and units of any requests share batches.
-ZERO_SHOT_PARAMETERS: dict[str, Param] = {
-    param.name: param
-    for param in (
-        Param(
-            "candidate_labels",
-            "strings",
-            required=True,
-            batch_neutral=True,
-            doc="the labels to score the text against (a string is one label)",
-        ),
-        Param(
-            "hypothesis_template",
-            "string",
-            default=DEFAULT_TEMPLATE,
-            batch_neutral=True,
-            doc="the hypothesis each label is put in; must hold {} where the label goes",
-        ),
-        Param(
-            "multi_label",
-            "boolean",
-            default=False,
-            batch_neutral=True,
-            doc="score each label on its own (entailment vs contradiction) instead of "
-            "softmax over the labels",
-        ),
-    )
-}
+#: What a request may set, by name (declared in :mod:`batching.models.tasks.zero_shot`).
+ZERO_SHOT_PARAMETERS: dict[str, Param] = {param.name: param for param in ZERO_SHOT_CLASSIFICATION}
 
 
 def nli_logit_ids(config: Mapping[str, Any]) -> tuple[int, int]:

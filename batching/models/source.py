@@ -191,11 +191,6 @@ class ModelSource:
 
             assert self.location is not None
             return SparseEmbedder(self.location, engine=engine)
-        if self.kind == "pipeline" and self.task == ZERO_SHOT_TASK:
-            from .zero_shot import ZeroShotModel
-
-            assert self.location is not None
-            return ZeroShotModel(self.task, self.location, engine=engine)
         if self.kind == "pipeline":
             assert self.location is not None and self.task is not None
             serving = TASKS[self.task].server_class()
