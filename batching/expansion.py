@@ -10,6 +10,7 @@ The core never learns of it: it sees units only.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,9 @@ from batching.models.protocol import EXPANDS_KEY
 from batching.runtime.deployment import Deployment
 
 __all__ = ["Expansion", "expand_items"]
+
+#: Requests with more items than this are expanded on a worker thread.
+_ON_LOOP_ITEMS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,19 +57,25 @@ async def expand_items(deployment: Deployment, items: list[Any]) -> Expansion | 
     expand, join = hooks.expand, hooks.join
     if expand is None or join is None:
         return None
-    units: list[Any] = []
-    sizes: list[int] = []
-    failure: InvalidRequest | None = None
-    for item in items:
-        try:
-            parts = expand(item)
-        except ValueError as exc:
-            failure = InvalidRequest(str(exc))
-            break
-        units.extend(parts)
-        sizes.append(len(parts))
-    if failure is not None:
-        raise failure
+
+    def expanded() -> tuple[list[Any], list[int]] | InvalidRequest:
+        assert expand is not None
+        units: list[Any] = []
+        sizes: list[int] = []
+        for item in items:
+            try:
+                parts = expand(item)
+            except ValueError as exc:
+                return InvalidRequest(str(exc))
+            units.extend(parts)
+            sizes.append(len(parts))
+        return units, sizes
+
+    # Expanding may tokenize (a model checks its units fit): many items go to a worker thread.
+    done = await asyncio.to_thread(expanded) if len(items) > _ON_LOOP_ITEMS else expanded()
+    if isinstance(done, InvalidRequest):
+        raise done
+    units, sizes = done
     cap = deployment.config.batching.max_items_per_request
     if len(units) > cap:
         raise PayloadTooLarge(

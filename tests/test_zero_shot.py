@@ -242,6 +242,12 @@ async def test_a_request_split_over_batches_is_joined_whole(
         assert tokens is not None and tokens >= sum(
             model.count_tokens(unit) for unit in model.expand(request)
         )
+        # Many texts in one request (expanded off the event loop), each answered whole.
+        many = [item(TEXTS[i % len(TEXTS)], candidate_labels=["cat", "dog"]) for i in range(20)]
+        got = await plane.infer(deployment, many, deadline=plane.deadline(deployment))
+        assert got is not None and len(got) == 20
+        for request, answered in zip(many, got, strict=True):
+            assert_same(answered, reference(request.input, candidate_labels=["cat", "dog"]))
     finally:
         await deployment.stop(1.0)
 
