@@ -21,6 +21,7 @@ from batching.models.parameters import TaskItem, check_parameters
 from batching.models.source import ModelSource, ModelSourceError
 from batching.models.zero_shot import ZeroShotModel
 from batching.runtime.deployment import Deployment
+from batching.runtime.warmup import WarmupPlan, load_and_warm
 from batching.service import DataPlane, Deployments
 from tests.support.tiny import classifier_folder
 
@@ -138,15 +139,30 @@ def test_a_model_without_entailment_is_refused_at_start(tmp_path: Path) -> None:
     assert isinstance(ModelSource.parse(str(nli), TASK).build(), ZeroShotModel)
 
 
-def test_warm_up_runs_a_text_and_labels(model: ZeroShotModel) -> None:
-    batches = model.warmup_inputs(8)
-    assert [len(batch) for batch in batches] == [2, 1, 8]
-    assert {unit["text_pair"] for unit in batches[0]} == {
-        "This example is positive.",
-        "This example is negative.",
-    }
-    for batch in batches:
-        assert model.predict(batch).shape == (len(batch), 2)
+def test_warm_up_runs_a_text_and_labels_as_a_request_does(folder: Path) -> None:
+    seen: list[int] = []
+
+    class Counted(ZeroShotModel):
+        def predict(self, inputs: list[Any]) -> Any:
+            seen.append(len(inputs))
+            return super().predict(inputs)
+
+    info = load_and_warm(Counted(TASK, folder), "cpu", 8, warmup=WarmupPlan(required=True))
+    # Two labels of one text are two pairs; then one pair at batch 1 and at the cap.
+    assert (info.warmup_batches, seen) == (3, [2, 1, 8])
+    # The repository's parameters run in one more batch: ones the model cannot apply stop
+    # the start, so the model never reports ready.
+    labels = (("candidate_labels", ("a", "b", "c")),)
+    info = load_and_warm(Counted(TASK, folder), "cpu", 8, warmup=WarmupPlan(parameters=labels))
+    assert info.warmup_batches == 4 and seen[-1] == 3
+    bad = (*labels, ("hypothesis_template", "no slot"))
+    with pytest.raises(RuntimeError, match="hypothesis_template"):
+        load_and_warm(Counted(TASK, folder), "cpu", 8, warmup=WarmupPlan(parameters=bad))
+    # Generated texts take the repository's labels; without any they cannot be classified.
+    random = WarmupPlan(data="random", parameters=labels)
+    assert load_and_warm(Counted(TASK, folder), "cpu", 2, warmup=random).warmup_batches == 3
+    with pytest.raises(RuntimeError, match="candidate_labels"):
+        load_and_warm(Counted(TASK, folder), "cpu", 2, warmup=WarmupPlan(data="random"))
 
 
 @pytest.mark.parametrize("engine", ["onnxruntime", "openvino"])

@@ -129,8 +129,10 @@ class ModelBase:
         """The units of batching one request item is made of (each queued, counted, packed and
         passed to :meth:`predict` like any item), for a model that declares ``"expands": True``
         in its metadata (:data:`EXPANDS_KEY`). Called on the event loop: keep it cheap.
-        Raise ``ValueError`` for an item that cannot be expanded (a 400 naming why). Default:
-        absent (an item is its own unit)."""
+        Raise ``ValueError`` for an item that cannot be expanded (a 400 naming why). The
+        warm-up batches of such a model are request items too: each is expanded, its units
+        run, and its answer joined, as a request's. Default: absent (an item is its own
+        unit)."""
         return [item]
 
     def join(self, item: Any, outputs: list[Any]) -> Any:

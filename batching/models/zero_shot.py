@@ -201,14 +201,14 @@ class ZeroShotModel:
         return self._token_counter().length(text, limit, pair)
 
     def warmup_inputs(self, max_batch_size: int) -> list[list[Any]]:
-        """A text and labels as a request makes them: the pairs of one longest text with
-        each warm-up label, then one pair at batch 1 and at the cap."""
-        item = TaskItem(
-            warmup_text(self.max_seq_length),
-            (("candidate_labels", _WARMUP_LABELS),),
-        )
-        units = self.expand(item)
-        return [units, *warmup_batches(units[0], max_batch_size)]
+        """Request items, which the warm-up expands and joins as a request's are: a longest
+        text with two labels, then one label at batch 1 and at the cap (one pair each)."""
+        text = warmup_text(self.max_seq_length)
+        one = TaskItem(text, (("candidate_labels", _WARMUP_LABELS[:1]),))
+        return [
+            [TaskItem(text, (("candidate_labels", _WARMUP_LABELS),))],
+            *warmup_batches(one, max_batch_size),
+        ]
 
     def metadata(self) -> dict[str, Any]:
         described: dict[str, Any] = {
