@@ -183,7 +183,12 @@ def test_the_pairs_run_on_the_chosen_engine(
 
 async def started(folder: Path, **batching: Any) -> tuple[DataPlane, Deployment, Metrics]:
     config = ModelConfig(
-        name="zs", source=str(folder), task=TASK, batching=BatchingConfig(**batching)
+        name="zs",
+        source=str(folder),
+        task=TASK,
+        batching=BatchingConfig(**batching),
+        engine="torch",
+        precision="fp32",
     )
     metrics = Metrics()
     ready = asyncio.Event()

@@ -21,6 +21,7 @@ import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 from batching import BatchingConfig, ModelConfig, create_app
+from tests.support.asgi import serving
 from tests.support.metrics import sample
 from tests.support.servers import free_port
 from tests.support.threaded import serving_in_thread
@@ -50,6 +51,8 @@ def server(folder: Path) -> Iterator[tuple[str, str]]:
         source=str(folder),
         task=TASK,
         batching=BatchingConfig(max_batch_size=64, max_queue_delay=0.05),
+        engine="torch",
+        precision="fp32",
     )
     port = free_port()
     with serving_in_thread(create_app(config, grpc_port=port)) as url:
@@ -234,3 +237,25 @@ def test_more_pairs_than_a_request_may_carry_is_a_413(server: tuple[str, str]) -
     response = httpx.post(f"{server[0]}/models/zs", json=body, timeout=30)
     assert response.status_code == 413
     assert "1024" in response.json()["error"]
+
+
+@pytest.mark.anyio
+async def test_the_repository_defaults_apply_and_a_request_overrides_them(
+    folder: Path, reference: Any
+) -> None:
+    config = ModelConfig(
+        name="fixed",
+        source=str(folder),
+        task=TASK,
+        engine="torch",
+        precision="fp32",
+        parameters=(("candidate_labels", ("cat", "dog")), ("multi_label", True)),
+    )
+    async with serving(create_app(config)) as client:
+        response = await client.post("/", json={"inputs": [TEXTS[0]]})
+        assert response.status_code == 200, response.text
+        want = reference(TEXTS[0], candidate_labels=["cat", "dog"], multi_label=True)
+        assert_same(response.json()["outputs"][0], want)
+        asked = {"candidate_labels": ["fish"], "multi_label": False}
+        response = await client.post("/", json={"inputs": [TEXTS[0]], "parameters": asked})
+        assert_same(response.json()["outputs"][0], reference(TEXTS[0], **asked))
