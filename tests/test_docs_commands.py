@@ -111,6 +111,12 @@ RULES: tuple[Rule, ...] = (
         )
         for pattern in (r"openssl ", r"python server\.py --ssl-certfile ", r"curl --cacert ")
     ),
+    Rule(
+        r"curl -s 127\.0\.0\.1:8000/models/my-",
+        "skip",
+        "README's task examples ask models the quick start does not serve: "
+        "tests/test_text_tasks.py sends each of these bodies to a served model of its task",
+    ),
     Rule(r"curl ", "client"),
     # README, "API keys, CORS and the metrics port": a key file, and a server that asks for it.
     Rule(r"printf 'sk-first\\nsk-second\\n' > keys && chmod 600 keys$", "setup"),
@@ -634,10 +640,11 @@ def prepare(rule: Rule, workspace: Workspace, where: Path) -> None:
         # Stand-ins for the reader's own folders: tiny random BERTs of each kind, built here.
         script = (
             "import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; "
-            "import transformers; from tests.support import tiny; root = Path('.'); "
+            "import transformers; from tests.support import tiny, tiny_tasks; root = Path('.'); "
             "tiny.classifier_folder(root, 'my-classifier', ['negative', 'positive']); "
             "tiny.encoder_folder(root, 'my-encoder'); "
             "tiny.sentence_folder(root, 'my-sentence-model'); "
+            "tiny_tasks.token_classifier_folder(root, 'my-tagger'); "
             "bert = tiny.encoder_folder(root, 'my-bert'); "
             "transformers.BertForMaskedLM(tiny.bert_config()).save_pretrained(bert)"
         )

@@ -10,6 +10,7 @@ the plain door, KServe v2 over HTTP and over gRPC."""
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,6 +30,7 @@ from tests.support.threaded import serving_in_thread
 from tests.support.tiny import classifier_folder, encoder_folder, masked_folder
 from tests.support.tiny_tasks import token_classifier_folder
 
+ROOT = Path(__file__).resolve().parent.parent
 TEXTS = ["the cat sat on the mat", "a dog runs fast", "i like it", "the red house is good"]
 MASKED = ["the [MASK] sat on the mat", "a dog [MASK] fast", "i [MASK] it", "the red [MASK]"]
 
@@ -250,3 +252,74 @@ def test_bad_input_is_a_4xx_with_a_json_body_on_every_door(server: tuple[str, st
     client.close()
     assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert "'targets'" in str(caught.value.message())
+
+
+# --- the README's examples ---------------------------------------------------------------------
+
+#: The README's model folders, and the models here that stand for them.
+README_MODELS = {
+    "my-tagger": "tagger",
+    "my-classifier": "classify",
+    "my-bert": "mlm",
+    "my-encoder": "embed",
+}
+
+
+def readme_examples() -> list[tuple[str, dict[str, Any]]]:
+    """Each ``curl -s 127.0.0.1:8000/models/my-...`` of the README: the folder and the body."""
+    found = []
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.startswith("curl -s 127.0.0.1:8000/models/my-"):
+            words = shlex.split(line)
+            folder = words[2].rpartition("/")[2]
+            found.append((folder, json.loads(words[words.index("-d") + 1])))
+    return found
+
+
+def test_the_readme_examples_answer_as_the_pipeline_does(
+    server: tuple[str, str], direct: dict[str, Any]
+) -> None:
+    url, _ = server
+    examples = readme_examples()
+    assert {folder for folder, _ in examples} == set(README_MODELS)
+    with httpx.Client(base_url=url, timeout=30) as client:
+        for folder, body in examples:
+            name = README_MODELS[folder]
+            answer = client.post(f"/models/{name}", json=body)
+            assert answer.status_code == 200, (folder, answer.text)
+            if name in direct:
+                (text,) = body["inputs"]
+                want = expected(direct[name], name, text, body.get("parameters", {}))
+                assert_close(answer.json()["outputs"][0], want, folder)
+
+
+def test_the_v2_metadata_lists_each_task_s_parameters(server: tuple[str, str]) -> None:
+    url, _ = server
+    tagger = httpx.get(f"{url}/v2/models/tagger").json()
+    assert set(tagger["parameters"]) == {"aggregation_strategy", "ignore_labels"}
+    assert tagger["parameters"]["aggregation_strategy"]["choices"][0] == "none"
+    assert httpx.get(f"{url}/v2/models/mlm").json()["parameters"]["top_k"]["batch_neutral"]
+    assert "parameters" not in httpx.get(f"{url}/v2/models/embed").json()
+
+
+def test_items_whose_parameters_change_the_forward_pass_run_apart(folders: dict[str, Path]) -> None:
+    from batching.models.parameters import TaskItem
+    from batching.models.pipeline import PipelineModel
+
+    model = PipelineModel("text-classification", folders["classify"])
+    model.load("cpu")
+    items = [TaskItem(TEXTS[0], (("top_k", 2),)), TEXTS[1], TaskItem(TEXTS[2], (("top_k", 2),))]
+    shared = model.predict(items)
+    runs: list[list[Any]] = []
+    run = model._run
+
+    def counted(group: list[Any], key: dict[str, Any]) -> list[Any]:
+        runs.append(group)
+        return run(group, key)
+
+    model._run = counted  # type: ignore[method-assign]
+    assert model.predict(items) == shared and len(runs) == 1  # top_k is batch-neutral
+    runs.clear()
+    model._neutral = frozenset()  # as if top_k changed the forward pass
+    assert model.predict(items) == shared
+    assert sorted(len(group) for group in runs) == [1, 2]

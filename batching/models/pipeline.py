@@ -76,10 +76,13 @@ def _jsonable(value: Any) -> Any:
 
 
 class PipelineModel:
-    """Any ``transformers.pipeline`` task, served from a local model folder.
+    """A text task of the task table (:mod:`batching.models.tasks.table`), served from a local
+    model folder through its ``transformers.pipeline``.
 
-    ``predict`` runs the whole batch through the pipeline in one call and returns one
-    JSON-ready output per input:
+    ``predict`` runs the batch through the pipeline in one call per group of items whose
+    parameters change the forward pass (none of the text tasks' do), each item post-processed
+    with its own request parameters (:mod:`batching.models.tasks.text`), and returns one
+    JSON-ready output per input, as ``pipeline(...)(text, **parameters)`` answers it:
 
     - ``text-classification`` (alias ``sentiment-analysis``): ``{"label": str, "score": float}``
       per input (a list of those when ``top_k`` is passed). An input is a text, or a text pair
@@ -94,12 +97,13 @@ class PipelineModel:
       directly instead of the pipeline call, because the pipeline hands back batched token
       rows padded to the longest input and drops the attention mask, so pooling them would
       make each vector depend on what it was batched with.
-    - any other task: whatever the pipeline returns for that input, made JSON-friendly.
+    - ``token-classification`` (alias ``ner``): a list of tokens (``{"entity", "score",
+      "index", "word", "start", "end"}``), or of entities with ``aggregation_strategy``.
 
     Text inputs are truncated to the model's maximum length instead of failing on long input
     (a pair longest-first, as the tokenizer's ``truncation=True`` does).
 
-    :param task: a pipeline task name (validated now, so a typo fails at start-up).
+    :param task: a task of the table (validated now, so a typo fails at start-up).
     :param path: the local model folder (weights, config and tokenizer).
     :param engine: what computes the logits (or hidden states) for feature-extraction,
         text-classification and fill-mask (:mod:`batching.models.engines`); the pipeline's

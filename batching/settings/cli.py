@@ -193,8 +193,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     )
     parser.flag(
         "--task",
-        help="transformers pipeline task for a model folder (feature-extraction, "
-        "text-classification, fill-mask, ...), or sparse-embedding (SPLADE, a masked LM)",
+        help="what a model folder does: a served task (feature-extraction, "
+        'text-classification, token-classification, fill-mask, ...: README, "Tasks and their '
+        'parameters"), or sparse-embedding (SPLADE, a masked LM)',
     )
     parser.flag("--name", help="the name clients use in URLs (default: from the model)")
     parser.flag(
