@@ -21,9 +21,6 @@ from batching.runtime.deployment import Deployment
 
 __all__ = ["Expansion", "expand_items"]
 
-#: Requests with more items than this are expanded on a worker thread.
-_ON_LOOP_ITEMS = 16
-
 
 @dataclass(frozen=True, slots=True)
 class Expansion:
@@ -71,8 +68,9 @@ async def expand_items(deployment: Deployment, items: list[Any]) -> Expansion | 
             sizes.append(len(parts))
         return units, sizes
 
-    # Expanding may tokenize (a model checks its units fit): many items go to a worker thread.
-    done = await asyncio.to_thread(expanded) if len(items) > _ON_LOOP_ITEMS else expanded()
+    # On a worker thread: a request may make thousands of units, and a model may tokenize to
+    # check that they fit; the event loop serves other requests meanwhile.
+    done = await asyncio.to_thread(expanded)
     if isinstance(done, InvalidRequest):
         raise done
     units, sizes = done

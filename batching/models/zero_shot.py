@@ -47,6 +47,9 @@ from .protocol import EXPANDS_KEY, warmup_batches
 
 __all__ = ["ZeroShotModel"]
 
+#: At most this many special tokens are added to a hypothesis ([CLS], [SEP], <s>, </s>, ...).
+_SPECIAL_TOKENS = 8
+
 #: The labels the warm-up scores its text against.
 _WARMUP_LABELS = ("positive", "negative")
 
@@ -160,7 +163,11 @@ class ZeroShotModel:
         half = self.max_seq_length // 2
         counter = self._token_counter()
         for label, hypothesis in zip(request.labels, request.hypotheses(), strict=True):
-            if counter.count(hypothesis) > half:
+            # A token covers at least one byte of text: a short hypothesis needs no count.
+            if (
+                len(hypothesis.encode()) + _SPECIAL_TOKENS > half
+                and counter.count(hypothesis) > half
+            ):
                 raise InvalidParameter(
                     f"candidate label {label[:40]!r} makes a hypothesis of over {half} tokens, "
                     f"half of this model's {self.max_seq_length}: shorten the label or the "
