@@ -78,7 +78,7 @@ async def expand_items(deployment: Deployment, items: list[Any]) -> Expansion | 
     if len(units) > cap:
         raise PayloadTooLarge(
             f"this request's {len(items)} item(s) make {len(units)} units of batching for "
-            f"model {deployment.name!r} (one per text and label pair); a request may carry at "
-            f"most {cap} (--max-items-per-request)"
+            f"model {deployment.name!r} (zero-shot: one per text and label); a request may "
+            f"carry at most {cap} (--max-items-per-request)"
         )
     return Expansion(items, units, sizes, join)

@@ -71,7 +71,7 @@ class ModelBase:
     - :attr:`max_seq_length`: the longest text input, in tokens, for generated warm-up text.
     - :meth:`expand` and :meth:`join`: one request item as several units of batching (a text
       and each of its candidate labels), and its answer assembled from theirs; called by the
-      data plane on the event loop, for every door.
+      data plane on a worker thread, for every door, and by the warm-up.
     """
 
     #: The longest text input in tokens; the "random" warm-up writes that many words.
@@ -128,11 +128,11 @@ class ModelBase:
     def expand(self, item: Any) -> list[Any]:
         """The units of batching one request item is made of (each queued, counted, packed and
         passed to :meth:`predict` like any item), for a model that declares ``"expands": True``
-        in its metadata (:data:`EXPANDS_KEY`). Called on the event loop: keep it cheap.
-        Raise ``ValueError`` for an item that cannot be expanded (a 400 naming why). The
-        warm-up batches of such a model are request items too: each is expanded, its units
-        run, and its answer joined, as a request's. Default: absent (an item is its own
-        unit)."""
+        in its metadata (:data:`EXPANDS_KEY`). Called on a worker thread, on the object that
+        counts tokens (never loaded). Raise ``ValueError`` for an item that cannot be
+        expanded (a 400 naming why). The warm-up batches of such a model are request items
+        too: each is expanded, its units run, and its answer joined, as a request's. Default:
+        absent (an item is its own unit)."""
         return [item]
 
     def join(self, item: Any, outputs: list[Any]) -> Any:
