@@ -78,6 +78,13 @@ def answers_of(result: Any) -> list[dict[str, Any]]:
 # -- answers ---------------------------------------------------------------------------------
 
 
+def test_the_v2_metadata_lists_the_parameters(server: tuple[str, str]) -> None:
+    described = httpx.get(f"{server[0]}/v2/models/zs").json()
+    assert described["parameters"]["candidate_labels"]["required"] is True
+    assert described["parameters"]["hypothesis_template"]["default"] == "This example is {}."
+    assert described["parameters"]["multi_label"]["type"] == "boolean"
+
+
 @pytest.mark.parametrize("multi_label", [False, True])
 def test_the_plain_door_answers_as_the_pipeline(
     server: tuple[str, str], reference: Any, multi_label: bool
