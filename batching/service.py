@@ -24,6 +24,7 @@ from batching.errors import (
     NotReady,
     UnprocessableInput,
 )
+from batching.expansion import expand_items
 from batching.metrics import Metrics
 from batching.models.items import item_text
 from batching.models.media import check_media, media_inputs
@@ -284,7 +285,42 @@ class DataPlane:
         :raises DeadlineExceeded: not served before ``deadline``; the message says which
             limit set it and whether it passed while the request was queued or running.
         :raises BatchingError: refused at admission (see :meth:`Batcher.submit`).
+        :raises InvalidRequest: the model expands its items (:mod:`batching.expansion`) and
+            cannot expand one of these.
         """
+        expansion = await expand_items(deployment, inputs)
+        if expansion is None:
+            return await self._queue(
+                deployment,
+                inputs,
+                deadline=deadline,
+                request_id=request_id,
+                disconnected=disconnected,
+                tokens=tokens,
+                token_cap=token_cap,
+            )
+        # The units are counted, queued and packed like items; the door's counts were of items.
+        outputs = await self._queue(
+            deployment,
+            expansion.units,
+            deadline=deadline,
+            request_id=request_id,
+            disconnected=disconnected,
+        )
+        return None if outputs is None else expansion.answers(outputs)
+
+    async def _queue(
+        self,
+        deployment: Deployment,
+        inputs: list[Any],
+        *,
+        deadline: float,
+        request_id: str = "",
+        disconnected: Callable[[], Awaitable[None]] | None = None,
+        tokens: list[int] | None = None,
+        token_cap: int | None = None,
+    ) -> list[Any] | None:
+        """:meth:`infer` of units of batching (items the model takes as they are)."""
         check_mask_token(deployment.metadata, inputs)
         await check_media_items(deployment, inputs)
         if token_cap is not None and tokens is not None and len(tokens) == len(inputs):

@@ -665,6 +665,8 @@ def prepare(rule: Rule, workspace: Workspace, where: Path) -> None:
             "tiny.encoder_folder(root, 'my-encoder'); "
             "tiny.sentence_folder(root, 'my-sentence-model'); "
             "tiny_tasks.token_classifier_folder(root, 'my-tagger'); "
+            "tiny.classifier_folder(root, 'my-nli-model', "
+            "['contradiction', 'neutral', 'entailment']); "
             "bert = tiny.encoder_folder(root, 'my-bert'); "
             "transformers.BertForMaskedLM(tiny.bert_config()).save_pretrained(bert)"
         )
@@ -702,6 +704,9 @@ def prepare(rule: Rule, workspace: Workspace, where: Path) -> None:
 
 def server_answers(command: Command, http: int) -> None:
     sample = b"the cat [MASK] on the mat" if "fill-mask" in command.text else SAMPLE
+    if "zero-shot-classification" in command.text:
+        labels = {"candidate_labels": ["animals", "sports"]}
+        sample = json.dumps({"inputs": [sample.decode()], "parameters": labels}).encode()
     status, body = get(f"http://127.0.0.1:{http}/", data=sample, timeout=60)
     assert status == 200, f"{command.where}: POST / answered {status}: {body[:300]!r}"
     answer = json.loads(body)

@@ -73,7 +73,10 @@ TASKS: dict[str, Task] = {
     "fill-mask": Task(PIPELINE, "text:FILL_MASK"),
     "text-classification": Task(PIPELINE, "text:TEXT_CLASSIFICATION"),
     "token-classification": Task(PIPELINE, "text:TOKEN_CLASSIFICATION"),
-    # Zero-shot classification.
+    # Zero-shot classification: one (text, label) pair per unit of batching.
+    "zero-shot-classification": Task(
+        "batching.models.zero_shot:ZeroShotModel", "zero_shot:ZERO_SHOT_CLASSIFICATION"
+    ),
     # Generation.
     # Images: bytes in, never a path or URL (batching/models/images.py, clip.py).
     "image-classification": Task(
