@@ -46,6 +46,7 @@ EXTENSIONS = [
     "schedule_policy",
     "parameters",
     "statistics",
+    "logging",
 ]
 
 #: What runs the models, as the configuration's ``backend`` says.
@@ -339,4 +340,6 @@ def repository_index(deployments: Deployments) -> list[dict[str, str]]:
                 else "loading"
             )
         index.append(entry)
+    # Models loading beside a served version, unloading, unloaded or failed at run time.
+    index.extend(dict(entry) for entry in deployments.others.values())
     return index
