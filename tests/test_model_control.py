@@ -75,15 +75,17 @@ def app_for(
     return app, registry
 
 
-async def call(
-    client: httpx.AsyncClient, method: str, url: str, **kwargs: Any
-) -> httpx.Response:
+async def call(client: httpx.AsyncClient, method: str, url: str, **kwargs: Any) -> httpx.Response:
     """One request in a task of its own."""
     return await asyncio.create_task(client.request(method, url, **kwargs))
 
 
 def infer_body(*texts: str) -> dict[str, Any]:
-    return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": list(texts)}]}
+    return {
+        "inputs": [
+            {"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": list(texts)}
+        ]
+    }
 
 
 async def infer(client: httpx.AsyncClient, *texts: str, model: str = "m") -> dict[str, Any]:
@@ -237,7 +239,11 @@ async def test_a_load_config_overrides_the_repository_file(
     explicit: tuple[httpx.AsyncClient, Repository, CollectorRegistry],
 ) -> None:
     client, _, _ = explicit
-    overrides = {"max_batch_size": 3, "version": "7", "dynamic_batching": {"max_queue_delay_ms": 0.5}}
+    overrides = {
+        "max_batch_size": 3,
+        "version": "7",
+        "dynamic_batching": {"max_queue_delay_ms": 0.5},
+    }
     answer = await call(
         client,
         "POST",
@@ -263,7 +269,9 @@ async def test_unload_serves_what_it_accepted_then_404s_and_shows_unavailable(
         return ("m", "1", "UNLOADING") in states(await index(client))
 
     await until(shows_unloading)
-    assert (await call(client, "POST", "/v2/models/m/infer", json=infer_body("late"))).status_code == 404
+    assert (
+        await call(client, "POST", "/v2/models/m/infer", json=infer_body("late"))
+    ).status_code == 404
     assert (await call(client, "GET", "/v2/models/m/ready")).status_code == 404
     assert not unloading.done()
     gate.set()
@@ -311,3 +319,27 @@ async def test_the_routes_need_a_key_when_keys_are_set() -> None:
             assert answer.status_code == 401, path
         keyed = {"authorization": "Bearer sk-control-1"}
         assert (await call(client, "GET", "/v2/logging", headers=keyed)).status_code == 200
+
+
+async def test_a_request_that_resolved_the_old_version_before_the_swap_is_served_by_it(
+    explicit: tuple[httpx.AsyncClient, Repository, CollectorRegistry],
+) -> None:
+    client, repository, _ = explicit
+    body_sent = asyncio.Event()
+    resolved = asyncio.Event()
+
+    async def slow_body() -> AsyncIterator[bytes]:
+        resolved.set()  # the door resolved the model before it reads the body
+        await body_sent.wait()
+        yield orjson.dumps(infer_body("held"))
+
+    held = asyncio.create_task(client.post("/v2/models/m/infer", content=slow_body()))
+    await resolved.wait()
+    repository.models["m"] = config("VersionTwo", "2")
+    assert (await call(client, "POST", "/v2/repository/models/m/load")).status_code == 200
+    assert versions_of(await infer(client, "new")) == {"2"}
+    assert ("m", "1", "UNLOADING") in states(await index(client))  # it waits for the request
+    body_sent.set()
+    answer = await held
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["outputs"][0]["data"] == ["1:held"]
