@@ -7,6 +7,7 @@ import asyncio
 import logging
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -74,13 +75,14 @@ def test_overrides_keep_the_source_and_refuse_what_is_not_theirs() -> None:
     )
     assert changed.source == base.source and changed.name == "m" and changed.version == "1"
     assert changed.batching.max_batch_size == 4 and len(changed.devices) == 2
-    for bad, named in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"source": "/etc"}, "config: source"),
         ({"task": "fill-mask"}, "config: task"),
         ({"warmup": {"data": "file", "file": "/etc/passwd"}}, "config: warmup"),
         ({"name": "other"}, "config: name"),
         ({"engine": "fast"}, "engine"),
-    ]:
+    ]
+    for bad, named in cases:
         with pytest.raises(InvalidRequest, match=named):
             apply_overrides(base, bad)
 

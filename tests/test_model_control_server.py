@@ -281,14 +281,15 @@ def test_model_control_and_log_rpcs_need_a_key_and_the_mode() -> None:
     ):
         keyed = {"authorization": f"Bearer {KEY}"}
         for client in (grpc, http):
-            for call in (
-                lambda c: c.load_model("m"),
-                lambda c: c.unload_model("m"),
-                lambda c: c.get_log_settings(),
-                lambda c: c.update_log_settings({"log_info": True}),
-            ):
+            calls: dict[str, tuple[Any, ...]] = {
+                "load_model": ("m",),
+                "unload_model": ("m",),
+                "get_log_settings": (),
+                "update_log_settings": ({"log_info": True},),
+            }
+            for call, arguments in calls.items():
                 with pytest.raises(InferenceServerException) as raised:
-                    call(client)
+                    getattr(client, call)(*arguments)
                 assert "API key is required" in str(raised.value)
         for client in (grpc, http):
             with pytest.raises(InferenceServerException, match="model control mode is none"):
