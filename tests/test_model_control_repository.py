@@ -9,7 +9,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import tritonclient.http as triton_http
 from prometheus_client import CollectorRegistry
 
 from batching import ModelConfig, create_app
@@ -19,6 +21,8 @@ from batching.settings.cli import parse_settings
 from batching.settings.reloads import apply_overrides, repository_reader
 from tests.support import versions
 from tests.support.asgi import serving
+from tests.support.threaded import serving_in_thread
+from tests.support.tiny import sentence_folder
 
 pytestmark = pytest.mark.anyio
 
@@ -167,3 +171,51 @@ async def test_poll_mode_reads_the_repository_on_its_own(tmp_path: Path) -> None
             await asyncio.sleep(0.01)  # polling what an operator would poll: the metadata
         else:
             raise AssertionError("the poll never loaded version 2")
+
+
+def test_rolling_a_transformers_model_forward_and_back_as_the_docs_say(tmp_path: Path) -> None:
+    """docs/model-control.md's procedure with two tiny sentence-transformers folders: v1
+    normalizes its embeddings, v2 does not, so each answer says which version computed it."""
+    model = tmp_path / "models" / "sentiment"
+    model.mkdir(parents=True)
+    sentence_folder(model, "v1", normalize=True)
+    sentence_folder(model, "v2", normalize=False)
+
+    def point_at(version: str) -> None:
+        # The new config.toml replaces the old one in one step, as the docs advise.
+        staged = model / "config.toml.new"
+        staged.write_text(
+            f'source = "v{version}"\nversion = "{version}"\nengine = "torch"\n'
+            'precision = "fp32"\nmax_batch_size = 4\n'
+        )
+        staged.replace(model / "config.toml")
+
+    point_at("1")
+    read = repository_reader(str(tmp_path / "models"), None)
+    options = ControlOptions(mode="explicit", read_repository=read, apply_overrides=apply_overrides)
+    app = create_app(
+        [entry.config for entry in read()], model_control=options, registry=CollectorRegistry()
+    )
+    with serving_in_thread(app) as url:
+        client = triton_http.InferenceServerClient(url.removeprefix("http://"))
+        try:
+            name = client.get_model_metadata("sentiment")["inputs"][0]["name"]
+
+            def norm() -> float:
+                tensor = triton_http.InferInput(name, [1, 1], "BYTES")
+                tensor.set_data_from_numpy(np.array([["a cat sat"]], dtype=object))
+                result = client.infer("sentiment", [tensor])
+                vector = result.as_numpy(result.get_response()["outputs"][0]["name"])
+                return float(np.linalg.norm(vector))
+
+            assert norm() == pytest.approx(1.0, abs=1e-4)
+            point_at("2")
+            client.load_model("sentiment")
+            assert client.get_model_metadata("sentiment")["versions"] == ["2"]
+            assert norm() != pytest.approx(1.0, abs=1e-2)
+            point_at("1")
+            client.load_model("sentiment")
+            assert client.get_model_metadata("sentiment")["versions"] == ["1"]
+            assert norm() == pytest.approx(1.0, abs=1e-4)
+        finally:
+            client.close()
