@@ -297,7 +297,7 @@ def create_app(
             grace = shutdown_timeout
             if stop_by is not None:
                 grace = max(0.0, stop_by - asyncio.get_running_loop().time())
-            await control.close()
+            await control.close(grace)
             await asyncio.gather(
                 *([grpc_server.stop(grace)] if grpc_server is not None else []),
                 *(deployment.stop(grace) for deployment in deployments),

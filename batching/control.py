@@ -129,6 +129,8 @@ class ModelControl:
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._poller: asyncio.Task[None] | None = None
+        #: Versions replaced or unloaded that are still finishing what they accepted.
+        self._retiring: set[Deployment] = set()
         #: What poll mode last loaded (or failed to load) for each name.
         self._seen: dict[str, tuple[ModelConfig, Hashable]] = {}
         #: The index entry of each name's last failure or unload, until it is loaded again.
@@ -230,23 +232,31 @@ class ModelControl:
 
     # -- shutdown ------------------------------------------------------------------------
 
-    async def close(self) -> None:
-        """Stop polling and cancel the loads, unloads and retirements under way (the app's
-        shutdown stops what is served)."""
+    async def close(self, grace: float) -> None:
+        """Stop polling, cancel the loads and unloads under way, and stop the versions that
+        were retiring within ``grace`` seconds (the app's shutdown stops what is served)."""
         tasks = [*self._tasks, *([self._poller] if self._poller is not None else [])]
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        retiring, self._retiring = list(self._retiring), set()
+        await asyncio.gather(*(deployment.stop(grace) for deployment in retiring))
 
     # -- the work ------------------------------------------------------------------------
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(work)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
         return task
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        # Seen here too: the call that awaited it may have gone (a client that hung up).
+        if not task.cancelled() and task.exception() is not None:
+            logger.debug("model control: %s", task.exception())
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
@@ -361,6 +371,7 @@ class ModelControl:
         )
         loop = asyncio.get_running_loop()
         until = loop.time() + self._grace
+        self._retiring.add(deployment)
         try:
             try:
                 async with asyncio.timeout(self._grace):
@@ -374,6 +385,7 @@ class ModelControl:
                     self._grace,
                 )
             await deployment.stop(max(0.0, until - loop.time()))
+            self._retiring.discard(deployment)
         finally:
             self.deployments.others.pop(key, None)
         del deployment

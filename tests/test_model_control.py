@@ -343,3 +343,18 @@ async def test_a_request_that_resolved_the_old_version_before_the_swap_is_served
     answer = await held
     assert answer.status_code == 200, answer.text
     assert answer.json()["outputs"][0]["data"] == ["1:held"]
+
+
+async def test_shutdown_stops_a_replaced_version_that_is_still_finishing() -> None:
+    repository = Repository(config("VersionOne", "1"))
+    app, _ = app_for(repository, shutdown_timeout=0.2)
+    versions.VersionOne.predict_gate = threading.Event()  # never opened: the batch hangs
+    async with serving(app) as client:
+        held = asyncio.create_task(client.post("/v2/models/m/infer", json=infer_body("x")))
+        await asyncio.to_thread(versions.VersionOne.entered.wait, 30)
+        repository.models["m"] = config("VersionTwo", "2")
+        assert (await call(client, "POST", "/v2/repository/models/m/load")).status_code == 200
+        assert ("m", "1", "UNLOADING") in states(await index(client))
+    # The shutdown's grace passed: the request the old version could not finish is answered.
+    answer = await asyncio.wait_for(held, 10)
+    assert answer.status_code == 503
