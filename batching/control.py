@@ -407,21 +407,26 @@ class ModelControl:
 
 
 def model_states(deployments: Deployments) -> list[dict[str, str]]:
-    """Every model and version the server knows of, with its state: the served ones (READY,
-    or LOADING until warm, UNAVAILABLE when their load failed), and the others (loading beside
-    a served version, unloading, unloaded, failed)."""
+    """Every model and version the server knows of, with its state and, when it is not
+    ready, why: the served ones (READY; LOADING until warm or while an instance restarts;
+    UNAVAILABLE when their load failed), then the others (loading beside a served version,
+    unloading, unloaded, failed at run time)."""
     states = []
     for deployment in deployments:
+        entry = {"name": deployment.name, "version": deployment.config.version}
         if deployment.ready:
-            state = "READY"
+            entry["state"] = "READY"
         elif deployment.load_error_class:
-            state = "UNAVAILABLE"
+            # Never the load error's text, which may hold paths: its class, and where to look.
+            entry["state"] = "UNAVAILABLE"
+            entry["reason"] = (
+                f"failed to load ({deployment.load_error_class}; the server log has the details)"
+            )
         else:
-            state = "LOADING"
-        states.append(
-            {"name": deployment.name, "version": deployment.config.version, "state": state}
-        )
-    states.extend(deployments.others.values())
+            entry["state"] = "LOADING"
+            entry["reason"] = "loading"
+        states.append(entry)
+    states.extend(dict(entry) for entry in deployments.others.values())
     return states
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from batching.config import ModelConfig
+from batching.control import model_states
 from batching.metrics import Duration, ModelEvents, ModelStatistics
 from batching.runtime.deployment import Deployment
 from batching.service import Deployments
@@ -323,23 +324,6 @@ def statistics(deployments: Iterable[Deployment]) -> dict[str, Any]:
 
 
 def repository_index(deployments: Deployments) -> list[dict[str, str]]:
-    """``POST /v2/repository/index``: every model, its state, and why it is not ready."""
-    index = []
-    for deployment in deployments:
-        entry = {
-            "name": deployment.name,
-            "version": deployment.config.version,
-            "state": "READY" if deployment.ready else "UNAVAILABLE",
-        }
-        if not deployment.ready:
-            # Never the load error's text, which may hold paths: its class, and where to look.
-            failed = deployment.load_error_class
-            entry["reason"] = (
-                f"failed to load ({failed}; the server log has the details)"
-                if failed
-                else "loading"
-            )
-        index.append(entry)
-    # Models loading beside a served version, unloading, unloaded or failed at run time.
-    index.extend(dict(entry) for entry in deployments.others.values())
-    return index
+    """``POST /v2/repository/index``: every model and version, its state, and why it is not
+    ready (:func:`batching.control.model_states`)."""
+    return model_states(deployments)
