@@ -279,6 +279,9 @@ async def test_unload_serves_what_it_accepted_then_404s_and_shows_unavailable(
     assert (await unloading).status_code == 200
     entries = await index(client)
     assert states(entries) == {("m", "1", "UNAVAILABLE")}
+    unnamed = await call(client, "POST", "/", content=b"no model left")
+    assert unnamed.status_code == 404 and unnamed.json() == {"error": "no model is loaded"}
+    assert (await call(client, "GET", "/v2/health/ready")).status_code == 200
     assert entries[0]["reason"] == "unloaded"
     metrics = (await call(client, "GET", "/metrics")).text
     assert sample(metrics, "batching_model_state", model="m", version="1", state="UNAVAILABLE") == 1
