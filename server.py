@@ -100,6 +100,7 @@ def build(
             settings.model_control, on_released=release_unloaded_objects
         ),
         log_settings=LogSettings(settings.log_format),
+        tracing=settings.tracing,
     )
 
 
@@ -255,6 +256,8 @@ def _ready_line(settings: ServerSettings, server: _Server, app: Starlette) -> st
         doors.append(f"metrics at http://{host}:{settings.metrics_port}/metrics")
     if settings.api_keys is not None:
         doors.append(f"{settings.api_keys.count} API keys")
+    if settings.tracing is not None:
+        doors.append(f"traces to {settings.tracing.endpoint} ({settings.tracing.protocol})")
     return f"ready: serving {names} at {url} ({', '.join(doors)})"
 
 

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -19,6 +20,7 @@ from starlette.routing import Route
 from batching.config import ModelConfig
 from batching.control import ControlOptions, ModelControl, OnFailure, StateCollector
 from batching.control import OnReady as OnInstanceReady
+from batching.core.events import BatchEvents
 from batching.grpc import GrpcLimits, GrpcServer
 from batching.grpc.auth import ApiKeyInterceptor
 from batching.grpc.control import ControlServicer
@@ -47,6 +49,7 @@ from batching.runtime.deployment import Deployment
 from batching.runtime.warmup import InstanceInfo
 from batching.service import DataPlane, Deployments
 from batching.tls import CertificateFiles
+from batching.tracing.config import TracingConfig
 
 __all__ = ["ModelBuilder", "create_app", "default_model_builder"]
 
@@ -119,6 +122,7 @@ def create_app(
     connection_limits: ConnectionLimits | None = None,
     model_control: ControlOptions | None = None,
     log_settings: LogSettings | None = None,
+    tracing: TracingConfig | None = None,
 ) -> Starlette:
     """A Starlette app serving ``models`` with dynamic batching.
 
@@ -160,6 +164,10 @@ def create_app(
         ``state.control`` is its :class:`~batching.control.ModelControl`.
     :param log_settings: what ``/v2/logging`` reads and changes (the ``batching`` logger's
         level, :mod:`batching.log_settings`); by default that logger, in text format.
+    :param tracing: send OpenTelemetry traces (docs/tracing.md): a server span per request
+        on every door and a span per batch, linked to its requests; None: off, and
+        OpenTelemetry is never imported. The app's ``state.tracing`` is its
+        :class:`~batching.tracing.provider.Tracing`, or None.
 
     The models load in the background once the lifespan starts: ``/v2/health/live`` answers
     at once, ``/v2/health/ready`` only when every model is loaded and warm. Creating or
@@ -187,6 +195,15 @@ def create_app(
     largest_batch = max(config.batching.max_batch_size for config in configs)
     metrics = Metrics(registry, max_batch_size=largest_batch)
     announced = False
+    tracer = None
+    if tracing is not None:
+        from batching.tracing.provider import Tracing
+
+        tracer = Tracing(tracing)
+
+    def events_for(config: ModelConfig) -> BatchEvents:
+        events: BatchEvents = metrics.for_model(config.name)
+        return events if tracer is None else tracer.observe(events, config)
 
     def instance_ready(deployment: Deployment, index: int, info: InstanceInfo) -> None:
         nonlocal announced
@@ -205,7 +222,7 @@ def create_app(
             Deployment(
                 config,
                 _ConfigFactory(builder, config),
-                events=metrics.for_model(config.name),
+                events=events_for(config),
                 instance_factory=instance_factory,
                 on_ready=instance_ready,
                 on_load_failure=on_load_failure,
@@ -213,6 +230,8 @@ def create_app(
             for config in configs
         ]
     )
+    if tracer is not None:
+        tracer.describe(deployments)
     plane = DataPlane(deployments, metrics)
 
     def make_deployment(
@@ -224,14 +243,17 @@ def create_app(
             warm(deployment, index, info)
             instance_ready(deployment, index, info)
 
-        return Deployment(
+        deployment = Deployment(
             config,
             _ConfigFactory(builder, config),
-            events=metrics.for_model(config.name),
+            events=events_for(config),
             instance_factory=instance_factory,
             on_ready=loaded,
             on_load_failure=failed,
         )
+        if tracer is not None:
+            tracer.describe([deployment])
+        return deployment
 
     control = ModelControl(
         deployments,
@@ -244,7 +266,11 @@ def create_app(
     logs = log_settings if log_settings is not None else LogSettings()
     grpc_server = None
     if grpc_port:
-        interceptors = []
+        interceptors: list[Any] = []
+        if tracer is not None:
+            from batching.grpc.tracing import TracingInterceptor
+
+            interceptors.append(TracingInterceptor(tracer))  # first: it sees the refusals
         if api_keys is not None:
             unauthorized = metrics.unauthorized.labels("grpc")
             interceptors.append(ApiKeyInterceptor(api_keys, on_refused=unauthorized.inc))
@@ -304,6 +330,12 @@ def create_app(
             )
             if tls is not None:
                 await tls.stop()
+            if tracer is not None:
+                # Exports what is buffered, for at most a few seconds of what is left.
+                left = shutdown_timeout
+                if stop_by is not None:
+                    left = max(0.0, stop_by - asyncio.get_running_loop().time())
+                await asyncio.to_thread(tracer.shutdown, min(5.0, max(1.0, left)))
 
     async def live(request: Request) -> Response:
         return Response(orjson.dumps({"live": True}), media_type="application/json")
@@ -350,6 +382,11 @@ def create_app(
         app.add_middleware(ListenerRoutes, metrics_port=metrics_port)
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(RelativeRedirectMiddleware)
+    if tracer is not None:
+        from batching.http.tracing import TracingMiddleware
+
+        # Outside the key check, so that a 401 has its span too (only CORS is further out).
+        app.add_middleware(TracingMiddleware, tracing=tracer)
     if cors_allow_origins:
         # Outermost: a preflight (which never carries a key) is answered here, and a 401
         # still carries the CORS headers, so a browser can read why it was refused.
@@ -361,6 +398,7 @@ def create_app(
             expose_headers=CORS_EXPOSE_HEADERS,
         )
     app.state.grpc = grpc_server
+    app.state.tracing = tracer
     app.state.drain = drain
     app.state.control = control
     return app

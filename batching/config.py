@@ -12,8 +12,11 @@ from batching.models.engines.options import (
     EngineOptions,
     check_engine_settings,
 )
+from batching.models.media import DEFAULT_MAX_IMAGE_PIXELS, MAX_IMAGE_PIXELS_CAP, MediaLimits
+from batching.models.parameters import InvalidParameter, Parameters
 from batching.models.prompts import PromptOptions
 from batching.models.source import ModelSource
+from batching.models.tasks.table import check_defaults
 
 __all__ = [
     "ENGINES",
@@ -68,6 +71,13 @@ class ModelConfig:
     default_prompt_name: str | None = None
     #: A literal default prompt ("" for none), overriding the folder's.
     default_prompt: str | None = None
+    #: Image inputs: the most pixels (width x height) an image may have, read from its header
+    #: before it is decoded; more is a 413 (``--max-image-pixels``).
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    #: A task's server-wide request parameters (the model repository's ``parameters``
+    #: table): what a request that does not set one gets. Checked against the task's
+    #: declaration at construction; stored checked, sorted by name.
+    parameters: Parameters = ()
     #: ``source`` and ``task`` parsed (at construction, once); pass one already parsed to
     #: skip the parse.
     spec: ModelSource | None = field(default=None, compare=False, repr=False)
@@ -102,7 +112,17 @@ class ModelConfig:
             return None
         return PromptOptions(name=self.default_prompt_name, text=self.default_prompt)
 
+    @property
+    def media_limits(self) -> MediaLimits:
+        """What media inputs are checked against before they are queued."""
+        return MediaLimits(max_image_pixels=self.max_image_pixels)
+
     def _validate(self) -> None:
+        if not 1 <= self.max_image_pixels <= MAX_IMAGE_PIXELS_CAP:
+            raise ValueError(
+                f"max_image_pixels must be between 1 and {MAX_IMAGE_PIXELS_CAP} (Pillow's "
+                f"decompression-bomb limit), not {self.max_image_pixels}"
+            )
         if not self.name or "/" in self.name:
             raise ValueError(f"name: {self.name!r} must be non-empty and contain no '/'")
         if not self.devices:
@@ -137,3 +157,14 @@ class ModelConfig:
         )
         # Raises PromptConfigError (a ValueError): one line naming the known prompts.
         spec.check_prompts(self.prompt_options)
+        if self.parameters:
+            if spec.kind != "pipeline" or spec.task is None:
+                raise ValueError(
+                    "parameters: apply to a model folder served with a task (--task); "
+                    f"{spec.describe()} declares none"
+                )
+            try:
+                checked = check_defaults(spec.task, dict(self.parameters))
+            except InvalidParameter as exc:
+                raise ValueError(f"parameters: {exc}") from None
+            object.__setattr__(self, "parameters", checked)

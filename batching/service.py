@@ -26,7 +26,10 @@ from batching.errors import (
 )
 from batching.metrics import Metrics
 from batching.models.items import item_text
+from batching.models.media import check_media, media_inputs
+from batching.models.parameters import TaskItem
 from batching.runtime.deployment import Deployment
+from batching.tracing.spans import current_span
 
 __all__ = [
     "DataPlane",
@@ -50,6 +53,8 @@ def _cheap_to_tokenize(inputs: list[Any]) -> bool:
         return False
     size = 0
     for item in inputs:
+        if isinstance(item, TaskItem):
+            item = item.input
         if isinstance(item, dict):
             size += sum(len(value) for value in item.values() if isinstance(value, str))
             continue
@@ -109,11 +114,25 @@ def check_mask_token(metadata: dict[str, Any], inputs: list[Any]) -> None:
     if not isinstance(token, str) or not token:
         return
     for index, item in enumerate(inputs):
+        if isinstance(item, TaskItem):
+            item = item.input
         if isinstance(item, str) and token not in item:
             raise UnprocessableInput(
                 f"inputs[{index}] has no {token} token: this fill-mask model predicts the word "
                 f'at {token} in each text, e.g. "Paris is the {token} of France."'
             )
+
+
+async def check_media_items(deployment: Deployment, inputs: list[Any]) -> None:
+    """Refuse the media items (images, ...) a model cannot take, before they are queued: too
+    large (413, from the header) or undecodable (400). On a worker thread: decoding an image
+    takes milliseconds the event loop owes to every other request."""
+    media = media_inputs(deployment.metadata)
+    if not media:
+        return
+    several = len(deployment.metadata.get("inputs") or []) > 1
+    limits = deployment.config.media_limits
+    await asyncio.to_thread(check_media, media, several, inputs, limits)
 
 
 class Deployments:
@@ -210,7 +229,11 @@ class DataPlane:
 
     def deployment(self, name: str | None, version: str | None = None) -> Deployment:
         """See :meth:`Deployments.get`."""
-        return self.deployments.get(name, version)
+        deployment = self.deployments.get(name, version)
+        span = current_span()
+        if span is not None:
+            span.model(deployment.name)
+        return deployment
 
     @staticmethod
     def now() -> float:
@@ -296,6 +319,7 @@ class DataPlane:
         :raises BatchingError: refused at admission (see :meth:`Batcher.submit`).
         """
         check_mask_token(deployment.metadata, inputs)
+        await check_media_items(deployment, inputs)
         if token_cap is not None and tokens is not None and len(tokens) == len(inputs):
             pass  # counted by the door, and needed for the cap whatever the model's batching
         elif deployment.count_tokens is None:
@@ -308,13 +332,17 @@ class DataPlane:
                 failure = untokenizable(exc, request_id)
             if failure is not None:
                 raise failure
+        span = current_span()
         future = deployment.batcher.submit(
             inputs,
             deadline=deadline,
             tokens=tokens,
             request_id=request_id,
             token_cap=token_cap if tokens is not None else None,
+            trace=span,
         )
+        if span is not None:
+            span.submitted(deployment.name, len(inputs), tokens)
         watcher = asyncio.ensure_future(disconnected()) if disconnected is not None else None
         waited: set[asyncio.Future[Any]] = {future} if watcher is None else {future, watcher}
         try:

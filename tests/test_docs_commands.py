@@ -118,6 +118,12 @@ RULES: tuple[Rule, ...] = (
         "tests/test_model_control_server.py loads, reloads and unloads with tritonclient over "
         "HTTP and gRPC, tests/test_model_control.py with these routes",
     ),
+    Rule(
+        r"curl -s 127\.0\.0\.1:8000/models/my-",
+        "skip",
+        "README's task examples ask models the quick start does not serve: "
+        "tests/test_text_tasks.py sends each of these bodies to a served model of its task",
+    ),
     Rule(r"curl ", "client"),
     # README, "API keys, CORS and the metrics port": a key file, and a server that asks for it.
     Rule(r"printf 'sk-first\\nsk-second\\n' > keys && chmod 600 keys$", "setup"),
@@ -223,6 +229,14 @@ RULES: tuple[Rule, ...] = (
         "no Kubernetes cluster here; tests/test_kubernetes.py validates the manifests",
     ),
     Rule(r"docker build ", "skip", "no container engine here; tests/test_dockerfile.py"),
+    # docs/tracing.md and README, "Traces": a server that sends traces to a collector (none
+    # listens here: it must still serve, and stop without waiting for one).
+    Rule(
+        r"docker run --rm -p 16686:16686 -p 4317:4317 -p 4318:4318 jaegertracing",
+        "skip",
+        "no container engine here; tests/test_tracing.py exports to OTLP receivers it runs",
+    ),
+    Rule(r"python server\.py --otlp-endpoint \S+( --trace-rate [0-9.]+)?$", "server"),
     Rule(
         r"python scripts/install\.py ray$|serve run batching\.ray:build_app",
         "skip",
@@ -646,10 +660,11 @@ def prepare(rule: Rule, workspace: Workspace, where: Path) -> None:
         # Stand-ins for the reader's own folders: tiny random BERTs of each kind, built here.
         script = (
             "import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; "
-            "import transformers; from tests.support import tiny; root = Path('.'); "
+            "import transformers; from tests.support import tiny, tiny_tasks; root = Path('.'); "
             "tiny.classifier_folder(root, 'my-classifier', ['negative', 'positive']); "
             "tiny.encoder_folder(root, 'my-encoder'); "
             "tiny.sentence_folder(root, 'my-sentence-model'); "
+            "tiny_tasks.token_classifier_folder(root, 'my-tagger'); "
             "bert = tiny.encoder_folder(root, 'my-bert'); "
             "transformers.BertForMaskedLM(tiny.bert_config()).save_pretrained(bert)"
         )

@@ -427,7 +427,7 @@ def test_build_model_dispatch(folders: dict[str, Path]) -> None:
         ("batching.models.pipeline:PipelineModel", None, "no arguments"),
         ("missing/folder", None, "neither"),
         ("vocab.txt", None, "is a file"),
-        ("base", "no-such-task", "supported tasks"),
+        ("base", "no-such-task", "served tasks"),
     ],
 )
 def test_build_model_errors(

@@ -35,6 +35,7 @@ from batching.kserve.infer import (
     embedding_tensors,
     items_of,
     output_tensors,
+    task_items_of,
     timeout_parameter,
     token_answer_parameters,
     token_answer_tensors,
@@ -189,8 +190,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             # The caller's gRPC deadline, lowered further by the `timeout` parameter.
             asked = _lower(context.time_remaining(), timeout_parameter(parsed.parameters))
             deadline = plane.deadline(deployment, asked)
-            per_token = token_plan_of(deployment, parsed, items)
-            plan = None if per_token is not None else embedding_plan(deployment, parsed, items)
+            tasked = task_items_of(deployment, parsed, items)
+            if tasked is not None:  # a task's parameters, on its items
+                items, per_token, plan = tasked, None, None
+            else:
+                per_token = token_plan_of(deployment, parsed, items)
+                plan = None if per_token is not None else embedding_plan(deployment, parsed, items)
             parameters: dict[str, Any] = {}
             tensors: Any = None
             if per_token is not None:

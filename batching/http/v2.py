@@ -26,6 +26,7 @@ from batching.kserve.infer import (
     embedding_tensors,
     items_of,
     output_tensors,
+    task_items_of,
     timeout_parameter,
     token_answer_parameters,
     token_answer_tensors,
@@ -107,8 +108,12 @@ def v2_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
             asked = _lower(asked, timeout_parameter(parsed.parameters))
             deadline = plane.deadline(deployment, asked)
             items = items_of(deployment, parsed)
-            per_token = token_plan_of(deployment, parsed, items)
-            plan = None if per_token is not None else embedding_plan(deployment, parsed, items)
+            tasked = task_items_of(deployment, parsed, items)
+            if tasked is not None:  # a task's parameters, on its items
+                items, per_token, plan = tasked, None, None
+            else:
+                per_token = token_plan_of(deployment, parsed, items)
+                plan = None if per_token is not None else embedding_plan(deployment, parsed, items)
             parameters: dict[str, Any] = {}
             if per_token is not None:
                 tokens = await run_per_token(

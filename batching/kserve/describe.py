@@ -20,6 +20,7 @@ import orjson
 from batching.config import ModelConfig
 from batching.control import model_states
 from batching.metrics import Duration, ModelEvents, ModelStatistics
+from batching.models.parameters import PARAMETERS_KEY
 from batching.runtime.deployment import Deployment
 from batching.service import Deployments
 
@@ -141,6 +142,10 @@ def model_metadata(deployment: Deployment) -> dict[str, Any]:
         # The embedding options the model applies (prompts, max_seq_length, encodings, the
         # int8/uint8 quantization ranges calibrated at warm-up); not a v2 field either.
         described["embedding"] = embedding
+    declared = deployment.metadata.get(PARAMETERS_KEY)
+    if isinstance(declared, dict) and declared:
+        # The request parameters a task takes (batching.models.parameters); not a v2 field.
+        described["parameters"] = declared
     return described
 
 

@@ -3,8 +3,9 @@ carry (one tensor per declared input; several inputs make dict items), the deadl
 for, the embedding options its parameters set, and the response tensors of the outputs.
 
 Request parameters are Triton's (:data:`TRITON_PARAMETERS`, which tritonclient and
-perf_analyzer send) or embedding options (:mod:`batching.codecs.embed_options`); any other is
-a 400, never ignored. An embedding answer's tensor follows its encoding (FP32 ``[n, dim]``;
+perf_analyzer send), a task's parameters (:mod:`batching.codecs.task_parameters`) or embedding
+options (:mod:`batching.codecs.embed_options`); any other is a 400, never ignored. An
+embedding answer's tensor follows its encoding (FP32 ``[n, dim]``;
 INT8 or UINT8 ``[n, dim]`` for int8/uint8; INT8 or UINT8 ``[n, ceil(dim/8)]`` for
 binary/ubinary; BYTES ``[n, 1]`` of base64 text for the ``base64`` encodings), and the
 response's parameters say which texts were cut and the tokens used
@@ -22,16 +23,18 @@ from batching.codecs.embed_options import (
     read_options,
 )
 from batching.codecs.embedding import EmbedAnswer
-from batching.codecs.inputs import InputSpec, input_specs, required_names
+from batching.codecs.inputs import InputSpec, check_exclusive, input_specs, required_names
 from batching.codecs.multivector import TokenAnswer, token_options, token_plan
 from batching.codecs.openai import is_embedding_model
 from batching.codecs.plain import check_texts
 from batching.codecs.sparse import OPTIONS as SPARSE_OPTIONS
 from batching.codecs.sparse import serves_sparse
+from batching.codecs.task_parameters import declares_parameters, list_values, task_items
 from batching.errors import InvalidRequest, NotReady, UnprocessableInput
 from batching.runtime.deployment import Deployment
 
 from .describe import input_names, output_names
+from .media import media_rows
 from .multivector import asks_tokens, token_output_names, token_tensors
 from .sparse import is_sparse, sparse_items_of, sparse_tensors
 from .tensors import InferRequest, InferTensor, rows_from_tensor, tensor_from_rows
@@ -45,6 +48,7 @@ __all__ = [
     "embedding_tensors",
     "items_of",
     "output_tensors",
+    "task_items_of",
     "timeout_parameter",
     "token_answer_parameters",
     "token_answer_tensors",
@@ -92,8 +96,12 @@ def items_of(deployment: Deployment, request: InferRequest) -> list[Any]:
     :raises UnprocessableInput: a text input sent as something other than BYTES.
     """
     specs = input_specs(deployment.metadata)
+    items: list[Any]
     if len(specs) > 1:
         items = _named_items(deployment, request, specs)
+    elif specs and specs[0].content is not None:
+        # One media input: bytes per item (raw, or base64 in JSON), never text.
+        items = list(media_rows(_single_tensor(deployment, request), specs[0].content))
     else:
         options = {
             key: value
@@ -111,7 +119,8 @@ def items_of(deployment: Deployment, request: InferRequest) -> list[Any]:
     return items
 
 
-def _single_items(deployment: Deployment, request: InferRequest) -> list[Any]:
+def _single_tensor(deployment: Deployment, request: InferRequest) -> InferTensor:
+    """The one input tensor of a model with one input, checked by name."""
     expected = input_names(deployment)
     if len(request.inputs) != 1:
         raise InvalidRequest(
@@ -125,6 +134,11 @@ def _single_items(deployment: Deployment, request: InferRequest) -> list[Any]:
             f"unexpected inference input {tensor.name!r} for model "
             f"{deployment.name!r}; it takes {expected[0]!r}"
         )
+    return tensor
+
+
+def _single_items(deployment: Deployment, request: InferRequest) -> list[Any]:
+    tensor = _single_tensor(deployment, request)
     items = rows_from_tensor(tensor)
     if not items:
         raise InvalidRequest(f"input {tensor.name!r} has no items")
@@ -152,6 +166,9 @@ def _named_items(
             )
         if tensor.name in columns:
             raise InvalidRequest(f"input {tensor.name!r} is sent twice")
+        if spec.content is not None:
+            columns[tensor.name] = list(media_rows(tensor, spec.content))
+            continue
         if spec.datatype == "BYTES" and tensor.datatype != "BYTES":
             raise UnprocessableInput(
                 f"input {tensor.name!r} of model {deployment.name!r} is BYTES (text), "
@@ -184,7 +201,43 @@ def _named_items(
     if not count:
         raise InvalidRequest("the inputs have no items")
     names = [spec.name for spec in specs if spec.name in columns]
-    return [{name: columns[name][index] for name in names} for index in range(count)]
+    items = [{name: columns[name][index] for name in names} for index in range(count)]
+    for index, item in enumerate(items):
+        check_exclusive(item, specs, f"item {index}")
+    return items
+
+
+def task_items_of(
+    deployment: Deployment, request: InferRequest, items: list[Any]
+) -> list[Any] | None:
+    """``items`` with the task parameters ``request`` sets (its parameters but Triton's),
+    checked (:mod:`batching.codecs.task_parameters`), when ``deployment`` serves a task that
+    declares parameters; None otherwise (the request goes the embedding or plain way). A list
+    parameter may be sent as a string holding a JSON array, as gRPC's scalar parameters need.
+
+    :raises InvalidRequest: an unknown or ill-typed parameter, naming it, or an output
+        parameter that is not Triton's (a task's outputs take none).
+    """
+    if not declares_parameters(deployment):
+        return None
+    for output in request.outputs:
+        for key, value in output.parameters.items():
+            if key not in TRITON_OUTPUT_PARAMETERS and value is not None:
+                raise InvalidRequest(
+                    f"output {output.name!r} has the unknown parameter {key!r}; an output "
+                    f"takes {', '.join(sorted(TRITON_OUTPUT_PARAMETERS))}"
+                )
+    given = {
+        key: value
+        for key, value in request.parameters.items()
+        if key not in TRITON_PARAMETERS and value is not None
+    }
+    return task_items(
+        deployment,
+        items,
+        list_values(deployment, given) if given else given,
+        where="the request's parameters",
+    )
 
 
 def output_tensors(deployment: Deployment, outputs: Any) -> list[InferTensor]:

@@ -1,15 +1,17 @@
-"""Any transformers pipeline task, served from a local model folder."""
+"""The text tasks of the task table, each through its transformers pipeline, served from a
+local model folder, with the request parameters each declares applied."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import transformers
-from transformers.pipelines import PIPELINE_REGISTRY, TASK_ALIASES
 from transformers.pipelines.base import PipelineException
 
 from batching.errors import UnprocessableInput
@@ -33,9 +35,12 @@ from .engines.measure import resident_mb
 from .engines.options import EngineOptions
 from .engines.plan import EnginePlan
 from .engines.selection import EngineJob, select_engine
+from .parameters import PARAMETERS_KEY, Param, TaskItem, group_by_parameters
 from .protocol import warmup_batches
+from .tasks.table import declared as declared_parameters
+from .tasks.table import resolve_task
 
-__all__ = ["PipelineModel", "supported_tasks"]
+__all__ = ["PipelineModel"]
 
 #: The tasks another engine may serve: what is exported, and the accuracy check.
 _ENGINE_TASKS = {
@@ -57,10 +62,6 @@ _TEXT_TASKS = frozenset(
 )
 
 
-def supported_tasks() -> list[str]:
-    return sorted(set(PIPELINE_REGISTRY.get_supported_tasks()) | set(TASK_ALIASES))
-
-
 def _jsonable(value: Any) -> Any:
     """Pipelines return numpy and torch values inside lists and dicts: make them plain JSON."""
     if isinstance(value, dict):
@@ -75,10 +76,13 @@ def _jsonable(value: Any) -> Any:
 
 
 class PipelineModel:
-    """Any ``transformers.pipeline`` task, served from a local model folder.
+    """A text task of the task table (:mod:`batching.models.tasks.table`), served from a local
+    model folder through its ``transformers.pipeline``.
 
-    ``predict`` runs the whole batch through the pipeline in one call and returns one
-    JSON-ready output per input:
+    ``predict`` runs the batch through the pipeline in one call per group of items whose
+    parameters change the forward pass (none of the text tasks' do), each item post-processed
+    with its own request parameters (:mod:`batching.models.tasks.text`), and returns one
+    JSON-ready output per input, as ``pipeline(...)(text, **parameters)`` answers it:
 
     - ``text-classification`` (alias ``sentiment-analysis``): ``{"label": str, "score": float}``
       per input (a list of those when ``top_k`` is passed). An input is a text, or a text pair
@@ -93,12 +97,13 @@ class PipelineModel:
       directly instead of the pipeline call, because the pipeline hands back batched token
       rows padded to the longest input and drops the attention mask, so pooling them would
       make each vector depend on what it was batched with.
-    - any other task: whatever the pipeline returns for that input, made JSON-friendly.
+    - ``token-classification`` (alias ``ner``): a list of tokens (``{"entity", "score",
+      "index", "word", "start", "end"}``), or of entities with ``aggregation_strategy``.
 
     Text inputs are truncated to the model's maximum length instead of failing on long input
     (a pair longest-first, as the tokenizer's ``truncation=True`` does).
 
-    :param task: a pipeline task name (validated now, so a typo fails at start-up).
+    :param task: a task of the table (validated now, so a typo fails at start-up).
     :param path: the local model folder (weights, config and tokenizer).
     :param engine: what computes the logits (or hidden states) for feature-extraction,
         text-classification and fill-mask (:mod:`batching.models.engines`); the pipeline's
@@ -113,10 +118,12 @@ class PipelineModel:
         engine: EngineOptions | None = None,
         **pipeline_kwargs: Any,
     ) -> None:
-        supported = supported_tasks()
-        if task not in supported:
-            raise ValueError(f"unknown task {task!r}; supported tasks: {', '.join(supported)}")
-        self.task = TASK_ALIASES.get(task, task)
+        # Raises UnknownTask (a ValueError) for a task the table does not serve.
+        self.task = resolve_task(task)
+        #: The request parameters the task takes (:mod:`batching.models.tasks`).
+        self.parameters: dict[str, Param] = declared_parameters(self.task)
+        #: Those that change the post-processing alone: items differing in them share a pass.
+        self._neutral = frozenset(name for name, p in self.parameters.items() if p.batch_neutral)
         self.path = Path(path)
         if not self.path.is_dir():
             raise ValueError(f"model folder {str(self.path)!r} does not exist")
@@ -141,7 +148,7 @@ class PipelineModel:
         if self.is_text:
             kwargs.setdefault("tokenizer", str(self.path))
         before = resident_mb()
-        # The task is a str checked against supported_tasks() at construction; transformers'
+        # The task is a str checked against the task table at construction; transformers'
         # overloads only accept each task name as a literal (the implementation takes str).
         with WEIGHTS_LOADING:
             pipe = transformers.pipeline(  # type: ignore[call-overload]
@@ -151,6 +158,10 @@ class PipelineModel:
         tokenizer = getattr(pipe, "tokenizer", None)
         if tokenizer is not None:
             self._max_length = max_length_of(tokenizer, self._config)
+            if self.task == "token-classification":
+                # Its pipeline truncates at the tokenizer's model_max_length alone, which a
+                # folder may leave unset: a long text would overflow the position table.
+                tokenizer.model_max_length = self._max_length
         head, measure = _ENGINE_TASKS.get(self.task, ("base", None))
         original = pipe.model
         self._pipeline, self._tokenizer = pipe, tokenizer
@@ -213,15 +224,36 @@ class PipelineModel:
         return {}
 
     def predict(self, inputs: list[Any]) -> list[Any] | np.ndarray:
+        """One output per input. An input is a plain input, or a :class:`TaskItem` with its
+        request's parameters: items whose parameters change the forward pass run as groups of
+        their own; the others share it, and each is post-processed with its own."""
         if self._pipeline is None:
             raise RuntimeError("PipelineModel.predict called before load()")
         if not inputs:
             return []
         if self.task == "feature-extraction":
-            return self._embed(inputs)
-        batch = [_classifiable(item) for item in inputs] if self.takes_pairs else list(inputs)
+            return self._embed([_input_of(item) for item in inputs])
+        outputs: list[Any] = [None] * len(inputs)
+        for key, positions in group_by_parameters(inputs, self._neutral).items():
+            group = [inputs[position] for position in positions]
+            for position, output in zip(positions, self._run(group, dict(key)), strict=True):
+                outputs[position] = output
+        return outputs
+
+    def _run(self, items: list[Any], shared: dict[str, Any]) -> list[Any]:
+        """``items`` in one pipeline call, with ``shared`` (the parameters that change the
+        forward pass, equal for all of them) and each item's own post-processing ones."""
+        batch = [_input_of(item) for item in items]
+        if self.takes_pairs:
+            batch = [_classifiable(item) for item in batch]
+        own = [self._postprocess_params(item) for item in items]
+        kwargs = {**self._call_kwargs(), **shared}
         try:
-            outputs = self._pipeline(batch, batch_size=len(batch), **self._call_kwargs())
+            if any(own):
+                with _per_item_postprocess(self._pipeline, own):
+                    outputs = self._pipeline(batch, batch_size=len(batch), **kwargs)
+            else:
+                outputs = self._pipeline(batch, batch_size=len(batch), **kwargs)
         except PipelineException as exc:
             if self.task == "fill-mask" and len(batch) == 1:
                 # The request had its mask token (the data plane checks that before it is
@@ -240,6 +272,33 @@ class PipelineModel:
                 f"for {len(batch)} inputs, not one output per input"
             )
         return [_jsonable(output) for output in outputs]
+
+    def _postprocess_params(self, item: Any) -> dict[str, Any]:
+        """The post-processing arguments of ``item``'s batch-neutral parameters, as the
+        pipeline itself makes them from ``pipeline(text, **parameters)``.
+
+        :raises UnprocessableInput: a value the pipeline refuses (a ``targets`` word outside
+            the vocabulary, an aggregation a slow tokenizer cannot do), naming it.
+        """
+        if not isinstance(item, TaskItem):
+            return {}
+        given = {key: _pipeline_value(value) for key, value in item.parameters}
+        neutral = {key: value for key, value in given.items() if key in self._neutral}
+        if not neutral:
+            return {}
+        if self.task == "fill-mask":
+            vocabulary = len(self._tokenizer)
+            if neutral.get("top_k", 0) > vocabulary:
+                # The pipeline would fail the whole batch (torch's topk past the end).
+                raise UnprocessableInput(
+                    f"parameter 'top_k' must be at most {vocabulary}, this model's vocabulary"
+                )
+        try:
+            _, _, postprocess = self._pipeline._sanitize_parameters(**neutral)
+        except (ValueError, KeyError, PipelineException) as exc:
+            keys = ", ".join(repr(key) for key in sorted(neutral))
+            raise UnprocessableInput(f"parameters {keys}: {exc}") from None
+        return dict(postprocess)
 
     def _embed(self, inputs: list[Any]) -> np.ndarray:
         require_strings(inputs)
@@ -271,6 +330,7 @@ class PipelineModel:
     def _text_of(self, item: Any) -> tuple[str, str | None] | None:
         if not self.is_text:
             return None
+        item = _input_of(item)
         if isinstance(item, str):
             return item, None
         if self.takes_pairs and isinstance(item, dict):
@@ -287,10 +347,13 @@ class PipelineModel:
         return counter
 
     def warmup_inputs(self, max_batch_size: int) -> list[list[Any]]:
-        """A longest-length text at batch 1 and at the cap; nothing for non-text tasks,
-        whose inputs this class cannot invent."""
-        if not self.is_text or self.task == "zero-shot-classification":
-            return []
+        """A longest-length text at batch 1 and at the cap.
+
+        :raises ValueError: for a task whose inputs this class cannot make: a task model
+            proves it serves before it reports ready, so it never goes without a warm-up.
+        """
+        if not self.is_text:
+            raise ValueError(f"{self.task}: this model cannot make a warm-up input of its kind")
         length = self._max_length if self._pipeline is not None else 512
         if self.task == "text-generation":
             # Generation cost grows with new tokens, not prompt length: keep the prompt short.
@@ -335,9 +398,42 @@ class PipelineModel:
             labels = _labels_of(self._config)
             if labels:
                 described["labels"] = labels
+        if self.parameters:
+            described[PARAMETERS_KEY] = {
+                name: param.describe() for name, param in self.parameters.items()
+            }
         if self._plan is not None:
             described["engine"] = self._plan.describe()
-        return {"inputs": inputs, "outputs": outputs, **described}
+        return {"inputs": inputs, "outputs": outputs, "task": self.task, **described}
+
+
+def _input_of(item: Any) -> Any:
+    """The input of ``item`` without its request's parameters."""
+    return item.input if isinstance(item, TaskItem) else item
+
+
+def _pipeline_value(value: Any) -> Any:
+    """A checked parameter as the pipeline takes it (a list where it was a tuple)."""
+    return list(value) if isinstance(value, tuple) else value
+
+
+@contextlib.contextmanager
+def _per_item_postprocess(pipe: Any, own: list[dict[str, Any]]) -> Iterator[None]:
+    """Within the block, ``pipe`` post-processes its n-th output with ``own[n]`` over the call's
+    own arguments: a pipeline post-processes its outputs one by one, in input order, so items
+    with different post-processing parameters share one forward pass. The instance's
+    attribute shadows the class's method, on this instance's own thread only."""
+    original = pipe.postprocess
+    each = iter(own)
+
+    def postprocess(model_outputs: Any, **params: Any) -> Any:
+        return original(model_outputs, **{**params, **next(each)})
+
+    pipe.postprocess = postprocess
+    try:
+        yield
+    finally:
+        del pipe.postprocess
 
 
 def _text_pair(item: dict[Any, Any]) -> tuple[str, str | None] | None:

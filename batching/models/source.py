@@ -21,6 +21,7 @@ from .engines.options import EngineOptions
 from .prompts import PromptConfigError, PromptOptions, read_prompts
 from .protocol import Model
 from .splade import SPARSE_TASK, is_sparse_folder, read_layout
+from .tasks.table import TASKS, UnknownTask, resolve_task
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -51,7 +52,8 @@ class ModelSource:
     kind: SourceKind
     #: The model folder (resolved), or ``package.module:Name`` for a class; None: the default.
     location: str | None = None
-    #: The pipeline task, for ``kind="pipeline"``.
+    #: The task (a row of :data:`~batching.models.tasks.table.TASKS`), for
+    #: ``kind="pipeline"``.
     task: str | None = None
 
     @classmethod
@@ -59,7 +61,8 @@ class ModelSource:
         """Parse ``--model`` and ``--task``.
 
         - neither: the packaged all-MiniLM-L6-v2 sentence embedder;
-        - a folder and a task: that transformers pipeline task, or SPLADE sparse
+        - a folder and a task: a task of the table (:mod:`batching.models.tasks.table`; an
+          alias becomes its task, a removed or unknown task is refused), or SPLADE sparse
           embeddings for ``sparse-embedding`` (a masked LM);
         - a folder alone: a sparse embedder when it is a sentence-transformers
           ``SparseEncoder`` folder, a sentence embedder when it holds another ``modules.json``
@@ -72,6 +75,11 @@ class ModelSource:
             if task is not None:
                 raise ModelSourceError(f"--task {task} needs --model PATH, a local model folder")
             return cls("default")
+        if task is not None and task != SPARSE_TASK:
+            try:
+                task = resolve_task(task)
+            except UnknownTask as exc:
+                raise ModelSourceError(str(exc)) from None
         path = Path(model).expanduser()
         if path.is_dir():
             if task == SPARSE_TASK or (task is None and is_sparse_folder(path)):
@@ -178,10 +186,10 @@ class ModelSource:
             assert self.location is not None
             return SparseEmbedder(self.location, engine=engine)
         if self.kind == "pipeline":
-            from .pipeline import PipelineModel
-
             assert self.location is not None and self.task is not None
-            return PipelineModel(self.task, self.location, engine=engine)
+            serving = TASKS[self.task].server_class()
+            model: Model = serving(self.task, self.location, engine=engine)
+            return model
         from .sentence import SentenceEmbedder
 
         return SentenceEmbedder(self.location, engine=engine, prompt=prompt)

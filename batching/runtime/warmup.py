@@ -13,6 +13,7 @@ from itertools import cycle, islice
 from typing import Any
 
 from batching.config import ModelConfig
+from batching.models.parameters import Parameters, TaskItem
 from batching.models.protocol import Model, hooks_of, load_model
 
 from .allocator import trim
@@ -73,15 +74,28 @@ class WarmupPlan:
     :param data: "model" (the samples of the model's ``warmup_inputs``), "zero", "random" or
         "file".
     :param file: with ``data="file"``, a UTF-8 file holding one input per line.
+    :param required: the model must run at least one warm-up batch before it reports ready:
+        a task's model proves it can serve with inputs of its own kind, and one that makes
+        none never reports ready.
+    :param parameters: the server-wide task parameters (the model repository's): one more
+        batch runs a sample with them, so defaults the model cannot apply stop the start.
     """
 
     batch_sizes: tuple[int, ...] = ()
     data: str = "model"
     file: str | None = None
+    required: bool = False
+    parameters: Parameters = ()
 
     @classmethod
     def of(cls, config: ModelConfig) -> WarmupPlan:
-        return cls(config.warmup_batch_sizes, config.warmup_data, config.warmup_file)
+        return cls(
+            config.warmup_batch_sizes,
+            config.warmup_data,
+            config.warmup_file,
+            required=config.model_source.kind == "pipeline",
+            parameters=config.parameters,
+        )
 
 
 def warmup_inputs_for(
@@ -224,6 +238,13 @@ def load_and_warm(
         raise
     except Exception as exc:
         raise RuntimeError(f"making the warm-up inputs ({plan.data} data) failed: {exc!r}") from exc
+    if plan.required and not batches:
+        raise RuntimeError(
+            f"the model made no warm-up batch ({plan.data} data): a task's model must serve "
+            "inputs of its own kind before it reports ready"
+        )
+    if plan.parameters and batches and batches[0]:
+        batches.append([TaskItem(batches[0][0], plan.parameters)])
     if on_loaded is not None:
         on_loaded(Loaded(loaded - started, len(batches)))
     for number, batch in enumerate(batches, 1):

@@ -18,10 +18,12 @@ from batching.models.engines.options import (
     EngineConfigError,
     default_cache_dir,
 )
+from batching.models.media import DEFAULT_MAX_IMAGE_PIXELS
 from batching.models.prompts import PromptConfigError
 from batching.models.source import ModelSource, ModelSourceError
 from batching.runtime.cpus import CpuBudget, read_cpu_budget
 from batching.tls import CLIENT_CERT_MODES, TlsConfig, TlsError, load_certificates
+from batching.tracing.config import TracingConfig, TracingConfigError, tracing_config
 
 from .reloads import apply_overrides, repository_reader
 from .repository import RepositoryError, load_repository
@@ -72,6 +74,8 @@ class ServerSettings:
     #: Models loaded, reloaded and unloaded at run time (``--model-control-mode``,
     #: ``--repository-poll-secs``; docs/model-control.md); mode none by default.
     model_control: ControlOptions = field(default_factory=ControlOptions)
+    #: OpenTelemetry traces (``--otlp-endpoint``, ``OTEL_*``); None: off.
+    tracing: TracingConfig | None = None
 
 
 def torch_threads_for(models: Sequence[ModelConfig], cores: int, asked: str) -> int:
@@ -198,8 +202,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     )
     parser.flag(
         "--task",
-        help="transformers pipeline task for a model folder (feature-extraction, "
-        "text-classification, fill-mask, ...), or sparse-embedding (SPLADE, a masked LM)",
+        help="what a model folder does: a served task (feature-extraction, "
+        'text-classification, token-classification, fill-mask, ...: README, "Tasks and their '
+        'parameters"), or sparse-embedding (SPLADE, a masked LM)',
     )
     parser.flag("--name", help="the name clients use in URLs (default: from the model)")
     parser.flag(
@@ -279,6 +284,13 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     )
     parser.flag(
         "--max-body-bytes", default=1 << 20, type=int, help="largest request body (413 beyond)"
+    )
+    parser.flag(
+        "--max-image-pixels",
+        default=DEFAULT_MAX_IMAGE_PIXELS,
+        type=int,
+        help="image inputs: most pixels (width x height) an image may have, read from its "
+        "header before it is decoded (413 beyond)",
     )
     limits = ConnectionLimits()
     parser.flag(
@@ -455,6 +467,25 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         type=float,
         help="with --model-control-mode poll, seconds between two reads of the repository",
     )
+    parser.flag(
+        "--otlp-endpoint",
+        help="send OpenTelemetry traces to this OTLP collector: http://HOST:4318 (OTLP/HTTP, "
+        "/v1/traces added when the URL has no path) or grpc://HOST:4317 (gRPC); unset: "
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT, else tracing is "
+        "off (docs/tracing.md)",
+    )
+    parser.flag(
+        "--otlp-protocol",
+        help="grpc or http/protobuf (default: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, "
+        "OTEL_EXPORTER_OTLP_PROTOCOL, else the endpoint's scheme: grpc:// or port 4317 is "
+        "gRPC, http(s):// is OTLP/HTTP)",
+    )
+    parser.flag(
+        "--trace-rate",
+        help="the fraction of new traces kept, 0 to 1; a request whose traceparent says "
+        "sampled or not is kept or not as its caller decided (default: OTEL_TRACES_SAMPLER "
+        "and OTEL_TRACES_SAMPLER_ARG, else 1: every request)",
+    )
     parser.flag("--log-level", default="info", help="debug, info, warning or error")
     parser.flag(
         "--log-format", default="text", choices=("text", "json"), help="log lines as text or JSON"
@@ -555,6 +586,7 @@ def parse_settings(
             precision=str(args.precision),
             engine_cache=args.engine_cache or None,
             truncate=not args.no_truncate,
+            max_image_pixels=int(args.max_image_pixels),
             default_prompt_name=args.default_prompt_name,
             default_prompt=args.default_prompt,
         )
@@ -624,6 +656,12 @@ def parse_settings(
             f"{metrics_port}"
         )
     control = _model_control(parser, args, model)
+    try:
+        tracing = tracing_config(
+            args.otlp_endpoint, args.otlp_protocol, args.trace_rate, environment
+        )
+    except TracingConfigError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     return ServerSettings(
         host=str(args.host),
         port=int(args.port),
@@ -644,6 +682,7 @@ def parse_settings(
         cors_allow_origins=origins,
         metrics_port=metrics_port,
         model_control=control,
+        tracing=tracing,
     )
 
 

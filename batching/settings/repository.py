@@ -50,8 +50,10 @@ _TOP_KEYS = (
     "engine",
     "precision",
     "truncate",
+    "max_image_pixels",
     "default_prompt_name",
     "default_prompt",
+    "parameters",
 )
 
 
@@ -115,7 +117,9 @@ def model_from_table(
     engine = top.choice("engine", ENGINES, base.engine)
     precision = top.choice("precision", PRECISIONS, base.precision)
     truncate = _truncate(top, base.truncate)
+    max_image_pixels = top.integer("max_image_pixels", base.max_image_pixels)
     prompt_name, prompt = _prompt(top, base)
+    parameters = _parameters(top, task)
     top.finish(_TOP_KEYS)
     try:
         return ModelConfig(
@@ -134,11 +138,29 @@ def model_from_table(
             precision=precision,
             engine_cache=base.engine_cache,
             truncate=truncate,
+            max_image_pixels=max_image_pixels,
             default_prompt_name=prompt_name,
             default_prompt=prompt,
+            parameters=parameters,
         )
     except ValueError as exc:  # cross-field rules the checks above do not cover
         raise RepositoryError(f"{file}: {path + ': ' if path else ''}{exc}") from exc
+
+
+def _parameters(top: Table, task: str | None) -> tuple[tuple[str, Any], ...]:
+    """``parameters``: a task's server-wide request parameters, as a table of values (checked
+    against the task's declaration by ModelConfig; the message then names the key)."""
+    table = top.table("parameters")
+    if table is None:
+        return ()
+    if task is None:
+        raise top.error("parameters", "applies only to a model served with a task")
+    return tuple(sorted((str(key), _frozen(value)) for key, value in table.data.items()))
+
+
+def _frozen(value: Any) -> Any:
+    """A TOML value as a hashable one (arrays become tuples)."""
+    return tuple(_frozen(item) for item in value) if isinstance(value, list) else value
 
 
 def _truncate(top: Table, default: bool) -> bool:

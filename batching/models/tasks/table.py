@@ -1,0 +1,162 @@
+"""Every task ``--task`` accepts, and what serves each: the one declared list.
+
+A row maps a task name to :class:`Task`: the class that serves it (``module:Class``, built as
+``Class(task, folder, engine=engine)`` and meeting :class:`batching.models.protocol.Model`)
+and the request parameters it declares (``module:NAME`` in this package, a tuple of
+:class:`~batching.models.parameters.Param`). Both are named, not imported, so reading the
+table imports no torch: ``--task`` is checked, and the model repository's ``parameters``
+defaults are checked against the declaration, before any weights load.
+
+A task transformers removed gets one line naming what to use instead (transformers' own hint
+kept); any other name gets the list of the served tasks. Both stop the start-up (exit 2)
+before a port is bound.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from batching.models.parameters import InvalidParameter, Param, Parameters
+
+__all__ = [
+    "ALIASES",
+    "REMOVED",
+    "TASKS",
+    "Task",
+    "UnknownTask",
+    "check_defaults",
+    "declared",
+    "resolve_task",
+    "served_tasks",
+]
+
+#: What serves the text tasks: one transformers pipeline per model.
+PIPELINE = "batching.models.pipeline:PipelineModel"
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """What serves one task.
+
+    :param serves: ``package.module:Class``; ``Class(task, folder, engine=engine)`` builds an
+        unloaded model that meets :class:`~batching.models.protocol.Model`.
+    :param parameters: ``module:NAME`` of a module of this package holding the task's
+        :class:`~batching.models.parameters.Param` tuple (pure data: no torch).
+    """
+
+    serves: str
+    parameters: str
+
+    def declared(self) -> tuple[Param, ...]:
+        """The parameters this task takes, in the order declared."""
+        module, _, name = self.parameters.partition(":")
+        value = getattr(importlib.import_module(f"{__package__}.{module}"), name)
+        if not isinstance(value, tuple) or not all(isinstance(p, Param) for p in value):
+            raise TypeError(f"{self.parameters} is not a tuple of Param")
+        return value
+
+    def server_class(self) -> Any:
+        """The class that serves the task, imported now (it may import torch)."""
+        module, _, name = self.serves.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+#: The served tasks, one row each, grouped by family.
+TASKS: dict[str, Task] = {
+    # Text, through one transformers pipeline (batching/models/pipeline.py).
+    "feature-extraction": Task(PIPELINE, "text:FEATURE_EXTRACTION"),
+    "fill-mask": Task(PIPELINE, "text:FILL_MASK"),
+    "text-classification": Task(PIPELINE, "text:TEXT_CLASSIFICATION"),
+    "token-classification": Task(PIPELINE, "text:TOKEN_CLASSIFICATION"),
+    # Zero-shot classification.
+    # Generation.
+    # Images: bytes in, never a path or URL (batching/models/images.py, clip.py).
+    "image-classification": Task(
+        "batching.models.images:ImageClassifier", "images:IMAGE_CLASSIFICATION"
+    ),
+    "image-text-embedding": Task(
+        "batching.models.clip:ImageTextEmbedder", "images:IMAGE_TEXT_EMBEDDING"
+    ),
+    # Audio.
+}
+
+#: Other names transformers gives a served task.
+ALIASES: dict[str, str] = {
+    "sentiment-analysis": "text-classification",
+    "ner": "token-classification",
+}
+
+_CHAT = "Use the `text-generation` pipeline with a chat model instead."
+_VLM = "Use the `image-text-to-text` pipeline with a vision-language chat model instead."
+
+#: Tasks transformers removed, with its own hint (``transformers.pipelines.REMOVED_TASKS``),
+#: then what this server offers instead. A row of :data:`TASKS` of the same name wins.
+REMOVED: dict[str, tuple[str, str]] = {
+    "question-answering": (_CHAT, "serve a chat model with --task text-generation"),
+    "summarization": (_CHAT, "serve a chat model with --task text-generation"),
+    "translation": (_CHAT, "serve a chat model with --task text-generation"),
+    "text2text-generation": (_CHAT, "serve a chat model with --task text-generation"),
+    "visual-question-answering": (_VLM, "this server does not serve image-text-to-text"),
+    "vqa": (_VLM, "this server does not serve image-text-to-text"),
+    "image-to-image": (
+        "For image generation tasks, please use 🤗 Diffusers instead.",
+        "this server does not generate images",
+    ),
+    "conversational": (
+        "Use the `text-generation` pipeline with chat messages instead.",
+        "serve a chat model with --task text-generation",
+    ),
+}
+
+
+class UnknownTask(ValueError):
+    """A task the server does not serve; the message says what to use instead."""
+
+
+def served_tasks() -> list[str]:
+    """Every name ``--task`` accepts (aliases included), sorted."""
+    return sorted({*TASKS, *(alias for alias, task in ALIASES.items() if task in TASKS)})
+
+
+def resolve_task(name: str) -> str:
+    """The served task ``name`` stands for (an alias resolved).
+
+    :raises UnknownTask: a removed task (one line naming what to use instead) or any other
+        name (listing the served ones).
+    """
+    task = ALIASES.get(name, name)
+    if task in TASKS:
+        return task
+    removed = "translation" if name.startswith("translation_") else name
+    if removed in REMOVED:
+        hint, instead = REMOVED[removed]
+        raise UnknownTask(
+            f"--task {name}: transformers 5 removed this pipeline ({hint}); {instead}. "
+            f"Served tasks: {', '.join(served_tasks())}, sparse-embedding"
+        )
+    raise UnknownTask(
+        f"--task {name} is not served; served tasks: {', '.join(served_tasks())}, sparse-embedding"
+    )
+
+
+def declared(task: str) -> dict[str, Param]:
+    """The parameters ``task`` (a served task or alias) declares, by name."""
+    return {param.name: param for param in TASKS[resolve_task(task)].declared()}
+
+
+def check_defaults(task: str, defaults: Mapping[str, Any]) -> Parameters:
+    """Server-wide defaults (the model repository's ``parameters`` table) checked against
+    ``task``'s declaration: every key declared, every value of its type. A required parameter
+    may be left to the requests.
+
+    :raises InvalidParameter: naming the key.
+    """
+    params = declared(task)
+    unknown = sorted(set(defaults) - set(params))
+    if unknown:
+        known = ", ".join(sorted(params)) or "none"
+        raise InvalidParameter(f"unknown parameter {unknown[0]!r}; the {task} task takes: {known}")
+    return tuple(sorted((name, params[name].check(value)) for name, value in defaults.items()))

@@ -1,0 +1,67 @@
+"""The request parameters of the text tasks served by :mod:`batching.models.pipeline`.
+
+Each is what the transformers pipeline of that task takes, under its own name, so a request's
+``parameters`` mean what they mean in ``pipeline(...)(text, **parameters)``. All of them change
+the post-processing alone (the forward pass is the same), so they are ``batch_neutral``:
+requests that set different ones still share a batch.
+"""
+
+from __future__ import annotations
+
+from batching.models.parameters import Param
+
+__all__ = ["FEATURE_EXTRACTION", "FILL_MASK", "TEXT_CLASSIFICATION", "TOKEN_CLASSIFICATION"]
+
+#: Embedding options (prompt_name, truncate, encoding, ...) are this task's only options.
+FEATURE_EXTRACTION: tuple[Param, ...] = ()
+
+TEXT_CLASSIFICATION = (
+    Param(
+        "top_k",
+        "integer",
+        minimum=1,
+        batch_neutral=True,
+        doc="answer the k best labels as a list (default: the best label alone, not a list)",
+    ),
+    Param(
+        "function_to_apply",
+        "string",
+        choices=("softmax", "sigmoid", "none"),
+        batch_neutral=True,
+        doc="how logits become scores (default: the model's problem type decides)",
+    ),
+)
+
+TOKEN_CLASSIFICATION = (
+    Param(
+        "aggregation_strategy",
+        "string",
+        default="none",
+        choices=("none", "simple", "first", "average", "max"),
+        batch_neutral=True,
+        doc="group sub-word tokens into entities (none: one answer per token)",
+    ),
+    Param(
+        "ignore_labels",
+        "strings",
+        batch_neutral=True,
+        doc='labels left out of the answer (default: ["O"])',
+    ),
+)
+
+FILL_MASK = (
+    Param(
+        "top_k",
+        "integer",
+        default=5,
+        minimum=1,
+        batch_neutral=True,
+        doc="how many candidates per mask",
+    ),
+    Param(
+        "targets",
+        "strings",
+        batch_neutral=True,
+        doc="score only these words at the mask",
+    ),
+)
