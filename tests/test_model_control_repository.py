@@ -219,3 +219,24 @@ def test_rolling_a_transformers_model_forward_and_back_as_the_docs_say(tmp_path:
             assert norm() == pytest.approx(1.0, abs=1e-4)
         finally:
             client.close()
+
+
+def test_overrides_keep_a_task_and_its_parameters_unless_they_set_them(tmp_path: Path) -> None:
+    folder = str(sentence_folder(tmp_path, "tagger"))
+    base = ModelConfig(
+        name="tagged",
+        source=folder,
+        task="token-classification",
+        parameters=(("ignore_labels", ("O", "MISC")),),
+    )
+    kept = apply_overrides(base, {"max_batch_size": 4})
+    assert (kept.task, kept.parameters, kept.source) == (base.task, base.parameters, folder)
+    assert kept.batching.max_batch_size == 4
+    changed = apply_overrides(base, {"parameters": {"ignore_labels": ["O"]}})
+    assert changed.parameters == (("ignore_labels", ("O",)),)
+    with pytest.raises(InvalidRequest, match="config: parameters"):
+        apply_overrides(base, {"parameters": {"no_such_parameter": 1}})
+    shutil.rmtree(folder)
+    with pytest.raises(InvalidRequest) as gone:
+        apply_overrides(base, {"max_batch_size": 4})
+    assert folder not in str(gone.value)

@@ -41,8 +41,10 @@ OVERRIDE_KEYS = (
     "engine",
     "precision",
     "truncate",
+    "max_image_pixels",
     "default_prompt_name",
     "default_prompt",
+    "parameters",
 )
 
 
@@ -100,19 +102,22 @@ def apply_overrides(base: ModelConfig, overrides: Mapping[str, Any]) -> ModelCon
             f"config: {refused[0]}: cannot be set by a load call (the model's source, task "
             f"and files are the repository's); it may set {', '.join(OVERRIDE_KEYS)}"
         )
+    # The model as the repository has it: its source and task (so that what depends on the
+    # task is checked against it), and its task parameters unless the call sets its own.
+    table["source"] = base.source if base.source is not None else "default"
+    if base.task is not None:
+        table["task"] = base.task
+    if "parameters" not in table and base.parameters:
+        table["parameters"] = dict(base.parameters)
     try:
         parsed = model_from_table(
-            table, file="config", folder=Path("."), default_name=base.name, defaults=base
+            table, file="config", folder=Path("/"), default_name=base.name, defaults=base
         )
     except RepositoryError as exc:
-        raise InvalidRequest(str(exc)) from None
-    try:
-        return dataclasses.replace(
-            parsed,
-            name=base.name,
-            source=base.source,
-            task=base.task,
-            spec=base.spec,
-        )
-    except ValueError as exc:
-        raise InvalidRequest(f"config: {exc}") from None
+        message = str(exc)
+        if message.startswith(("config: source", "config: task")):
+            # The repository's own source, gone since it was read: the log says where.
+            logger.warning("model %s: %s", base.name, message)
+            message = f"config: the source of model {base.name!r} cannot be read now"
+        raise InvalidRequest(message) from None
+    return dataclasses.replace(parsed, name=base.name, spec=base.spec)
