@@ -189,7 +189,13 @@ class ModelControl:
         """In poll mode, read the repository every ``poll_seconds`` from now on."""
         if self.mode != "poll" or self.options.read_repository is None:
             return
-        for entry in self.options.read_repository():
+        try:
+            entries = self.options.read_repository()
+        except InvalidRequest as exc:
+            # Changed since the settings read it: the first poll applies what it holds then.
+            logger.warning("model repository not applied: %s", exc)
+            entries = []
+        for entry in entries:
             started = self.deployments.by_name.get(entry.config.name)
             if started is not None and started.config == entry.config:
                 self._seen[entry.config.name] = (entry.config, entry.stamp)
