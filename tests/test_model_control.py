@@ -361,3 +361,23 @@ async def test_shutdown_stops_a_replaced_version_that_is_still_finishing() -> No
     # The shutdown's grace passed: the request the old version could not finish is answered.
     answer = await asyncio.wait_for(held, 10)
     assert answer.status_code == 503
+
+
+async def test_without_a_repository_a_load_reloads_the_model_of_the_flags() -> None:
+    app = create_app(
+        config("VersionOne", "1"),
+        model_control=ControlOptions(mode="explicit", apply_overrides=apply_overrides),
+        registry=CollectorRegistry(),
+    )
+    async with serving(app) as client:
+        reload = await call(
+            client,
+            "POST",
+            "/v2/repository/models/m/load",
+            json={"parameters": {"config": {"version": "9"}}},
+        )
+        assert reload.status_code == 200, reload.text
+        assert (await infer(client, "a"))["model_version"] == "9"
+        assert (await call(client, "POST", "/v2/repository/models/other/load")).status_code == 404
+        assert (await call(client, "POST", "/v2/repository/models/m/load")).status_code == 200
+        assert (await infer(client, "a"))["model_version"] == "1"
