@@ -102,11 +102,12 @@ def infer_texts(client: triton_http.InferenceServerClient, texts: list[str]) -> 
 
 
 class Load:
-    """``CLIENTS`` threads, each with its own tritonclient HTTP client, sending requests of
-    four texts until stopped; what came back, and whether a request mixed versions."""
+    """``CLIENTS`` threads, half with a tritonclient HTTP client and half with a gRPC one,
+    sending requests of four texts until stopped; what came back, and whether a request mixed
+    versions."""
 
-    def __init__(self, target: str) -> None:
-        self.target = target
+    def __init__(self, server: Server) -> None:
+        self.server = server
         self.done = threading.Condition()
         self.answers = 0
         self.by_version: dict[str, int] = {}
@@ -119,25 +120,35 @@ class Load:
         ]
 
     def _client(self, index: int) -> None:
-        with contextlib.closing(
-            triton_http.InferenceServerClient(self.target, network_timeout=60)
-        ) as client:
-            self._send(index, client)
+        client: Any
+        if index % 2:
+            client = triton_grpc.InferenceServerClient(self.server.grpc)
+            module: Any = triton_grpc
+        else:
+            client = triton_http.InferenceServerClient(self.server.http, network_timeout=60)
+            module = triton_http
+        with contextlib.closing(client):
+            self._send(index, client, module)
 
-    def _send(self, index: int, client: triton_http.InferenceServerClient) -> None:
+    def _send(self, index: int, client: Any, module: Any) -> None:
         sent = 0
         while not self.stop.is_set():
             texts = [f"c{index}-r{sent}-{item}" for item in range(4)]
             sent += 1
             try:
-                result = infer_texts(client, texts)
+                tensor = module.InferInput("text", [len(texts)], "BYTES")
+                tensor.set_data_from_numpy(np.array(texts, dtype=object))
+                result = client.infer("m", [tensor])
                 outputs = [value.decode() for value in result.as_numpy("version").reshape(-1)]
+                response = result.get_response()
+                said = (
+                    response["model_version"] if module is triton_http else response.model_version
+                )
             except Exception as exc:
                 with self.done:
                     self.errors.append(f"{type(exc).__name__}: {exc}")
                     self.done.notify_all()
                 continue
-            said = result.get_response()["model_version"]
             seen = {value.split(":")[0] for value in outputs}
             with self.done:
                 if seen != {said} or [v.split(":", 1)[1] for v in outputs] != texts:
@@ -170,7 +181,7 @@ class Load:
 def test_a_reload_under_32_clients_loses_no_request_and_mixes_no_versions(
     server: Server,
 ) -> None:
-    with clients(server) as (http, grpc), Load(server.http) as load:
+    with clients(server) as (http, grpc), Load(server) as load:
         load.wait_for("1", 64)
         server.repository.models["m"] = config("VersionTwo", "2")
         http.load_model("m")
