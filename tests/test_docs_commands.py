@@ -124,6 +124,13 @@ RULES: tuple[Rule, ...] = (
         )
     ),
     Rule(
+        r"curl .*/v2/repository/models/",
+        "skip",
+        "load and unload answer 400 on the docs' server (--model-control-mode none); "
+        "tests/test_model_control_server.py loads, reloads and unloads with tritonclient over "
+        "HTTP and gRPC, tests/test_model_control.py with these routes",
+    ),
+    Rule(
         r"curl -s 127\.0\.0\.1:8000/models/my-",
         "skip",
         "README's task examples ask models the quick start does not serve: "
@@ -167,6 +174,11 @@ RULES: tuple[Rule, ...] = (
     Rule(r"python server\.py( --(instances|instance-kind|engine|precision) \S+)+$", "server"),
     Rule(r"python server\.py --device cuda", "skip", "needs GPUs: none on this machine"),
     Rule(r"python server\.py --model-repository models/$", "server", needs="models/"),
+    Rule(
+        r"python server\.py --model-repository models/ --model-control-mode explicit$",
+        "server",
+        needs="models/",
+    ),
     Rule(r"python server\.py --model-repository models\.toml$", "server", needs="models.toml"),
     Rule(
         r"python -m load_test run --url http://127\.0\.0\.1:8000 -c 16 -d 10 --items 1-6$",
