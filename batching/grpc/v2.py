@@ -3,8 +3,9 @@
 Health, server and model metadata, model readiness, configuration and statistics, the
 repository index and ``ModelInfer``; errors are gRPC status codes (:mod:`.errors`). What the
 protocol means lives in :mod:`batching.kserve`, as for the HTTP door; this module is its gRPC
-door, a codec over :class:`~batching.service.DataPlane`. The streaming, shared-memory,
-repository-control, trace and log RPCs answer ``UNIMPLEMENTED``.
+door, a codec over :class:`~batching.service.DataPlane`. The streaming, shared-memory and
+trace RPCs answer ``UNIMPLEMENTED``; repository control and the log settings are
+:mod:`.control`'s.
 """
 
 from __future__ import annotations

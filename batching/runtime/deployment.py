@@ -19,6 +19,7 @@ from batching.errors import NotReady
 from batching.models.protocol import ModelHooks, hooks_of
 
 from .base import InstanceFactory, ModelFactory
+from .leases import Leases
 from .process import ProcessInstance
 from .threads import ThreadInstance
 from .warmup import InstanceInfo, WarmupPlan
@@ -141,6 +142,8 @@ class Deployment:
         self.count_tokens: Callable[[Any], int] | None = None
         self._counting: ModelHooks | None = None
         self._counting_built = asyncio.Lock()
+        #: The requests that resolved this deployment and have not answered yet.
+        self.leases = Leases()
 
     def _counting_hooks(self) -> ModelHooks:
         # An unloaded model object of its own: counting needs the tokenizer, not the weights,
