@@ -34,7 +34,9 @@ How they run (``test_documented_command``, one test per command):
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import io
 import json
 import os
 import re
@@ -681,7 +683,9 @@ def prepare(rule: Rule, workspace: Workspace, where: Path) -> None:
             "['contradiction', 'neutral', 'entailment']); "
             "bert = tiny.encoder_folder(root, 'my-bert'); "
             "transformers.BertForMaskedLM(tiny.bert_config()).save_pretrained(bert); "
-            "from tests.support import generators; generators.gpt2_folder(root, 'my-gpt2')"
+            "from tests.support import generators; generators.gpt2_folder(root, 'my-gpt2'); "
+            "from tests.support import vision; vision.classifier_folder(root, 'my-vit'); "
+            "vision.clip_folder(root, 'my-clip')"
         )
         done = subprocess.run(
             [sys.executable, "-c", script, str(ROOT)],
@@ -715,11 +719,22 @@ def prepare(rule: Rule, workspace: Workspace, where: Path) -> None:
         (where / "models.toml").write_text('[models.minilm]\nsource = "default"\n')
 
 
+def png() -> bytes:
+    """A small image, as the reader's cat.png stands for."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 32), (200, 120, 40)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 def server_answers(command: Command, http: int) -> None:
     sample = b"the cat [MASK] on the mat" if "fill-mask" in command.text else SAMPLE
     if "zero-shot-classification" in command.text:
         labels = {"candidate_labels": ["animals", "sports"]}
         sample = json.dumps({"inputs": [sample.decode()], "parameters": labels}).encode()
+    if "image-classification" in command.text:
+        sample = json.dumps({"inputs": [base64.b64encode(png()).decode()]}).encode()
     status, body = get(f"http://127.0.0.1:{http}/", data=sample, timeout=60)
     assert status == 200, f"{command.where}: POST / answered {status}: {body[:300]!r}"
     answer = json.loads(body)
