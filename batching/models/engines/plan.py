@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -22,7 +23,12 @@ class EnginePlan:
 
     With :meth:`adapt_threads`, each variant also has a runner per thread count, and a
     :class:`~.governor.ThreadGovernor` picks which one runs each batch from how long the
-    batches took: the whole thread budget on quiet cores, fewer beside other work.
+    batches took: the whole thread budget on quiet cores, fewer beside other work. A runner
+    for another count than the first is built when the governor first picks it (a compiled
+    copy costs memory; a machine where the governor never tries it never pays it).
+
+    :meth:`replace` swaps in another decision and its runners (a retaken measurement) between
+    two batches.
 
     :param reused: where the decision was read from the cache, if it was.
     """
@@ -40,8 +46,28 @@ class EnginePlan:
         self._runners = [(route.last, runners[route.name]) for route in decision.routes]
         self._names = [route.name for route in decision.routes]
         self.governor: ThreadGovernor | None = None
-        self._threaded: list[Mapping[int, Runner]] = []
+        self._threaded: list[dict[int, Runner]] = []
+        self._build: Callable[[str, int], Runner] | None = None
         self._clock: Callable[[], float] = time.perf_counter
+        #: When the last batch ran (``time.monotonic``): how long the server has been idle.
+        self.last_batch_at = time.monotonic()
+        self._swap = threading.Lock()
+        #: What the cache keeps beside the decision (when it was measured, the tokenizer check).
+        self.notes: dict[str, Any] = {}
+
+    def replace(self, other: EnginePlan) -> None:
+        """Serve with ``other``'s decision and runners from the next batch on (its thread
+        governor too, if it has one)."""
+        with self._swap:
+            self._replace(other)
+
+    def _replace(self, other: EnginePlan) -> None:
+        self.decision = other.decision
+        self.reused = other.reused
+        self.runners = other.runners
+        self.governor, self._threaded, self._build = other.governor, other._threaded, other._build
+        self._names = other._names
+        self._runners = other._runners
 
     def adapt_threads(
         self,
@@ -49,30 +75,45 @@ class EnginePlan:
         build: Callable[[str, int], Runner],
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        """Give every variant a runner per thread count of ``governor`` (``build(name, n)``)
-        and let the governor pick among them per batch, timed with ``clock``."""
-        self._threaded = [
-            {count: build(name, count) for count in governor.choices} for name in self._names
-        ]
+        """Give every variant a runner per thread count of ``governor`` (``build(name, n)``:
+        now for the first count, on first use for the others) and let the governor pick
+        among them per batch, timed with ``clock``."""
+        first = governor.choices[0]
+        self._threaded = [{first: build(name, first)} for name in self._names]
+        self._build = build
         self.governor = governor
         self._clock = clock
 
+    def _threaded_runner(self, index: int, threads: int) -> Runner:
+        runners = self._threaded[index]
+        runner = runners.get(threads)
+        if runner is None:
+            assert self._build is not None
+            runner = runners[threads] = self._build(self._names[index], threads)
+        return runner
+
     def __call__(self, inputs: Mapping[str, Any]) -> Any:
         size = len(next(iter(inputs.values())))
-        index = len(self._runners) - 1
-        for position, (last, _) in enumerate(self._runners):
-            if size <= last:
-                index = position
-                break
-        governor = self.governor
-        if governor is None:
-            return self._runners[index][1](inputs)
-        threads = governor.pick(size)
-        runner = self._threaded[index][threads]
-        started = self._clock()
-        output = runner(inputs)
-        governor.observe(size, _tokens(inputs, size), threads, self._clock() - started)
-        return output
+        with self._swap:  # a retake may swap the runners in between two batches
+            routes = self._runners
+            index = len(routes) - 1
+            for position, (last, _) in enumerate(routes):
+                if size <= last:
+                    index = position
+                    break
+            governor = self.governor
+            if governor is not None:
+                threads = governor.pick(size)
+                runner = self._threaded_runner(index, threads)
+        try:
+            if governor is None:
+                return routes[index][1](inputs)
+            started = self._clock()
+            output = runner(inputs)
+            governor.observe(size, _tokens(inputs, size), threads, self._clock() - started)
+            return output
+        finally:
+            self.last_batch_at = time.monotonic()
 
     def describe(self) -> dict[str, Any]:
         """The choice and the figures behind it, for the model's metadata."""
