@@ -10,6 +10,8 @@ Runtime never loads torch."""
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -210,7 +212,41 @@ class SentenceEmbedder:
             self._transformers_tokenizer = None
         else:
             self._tokenizer = self._reference_tokenizer()
-        self._quantization = Calibration(self._calibration_vectors(), self.normalize)
+        self._quantization = Calibration(self._kept_calibration_vectors(), self.normalize)
+
+    def _kept_calibration_vectors(self) -> np.ndarray:
+        """:meth:`_calibration_vectors`, kept in the engine cache beside the decision they
+        were computed with (a cached start then runs no calibration batch)."""
+        assert self._model is not None
+        folder = self._model.cache_folder
+        if folder is None:
+            return self._calibration_vectors()
+        key = json.dumps(
+            [
+                self._model.decision.to_json()["routes"],
+                type(self._tokenizer).__name__,
+                self.max_seq_length,
+                self._default_prompt,
+                self.include_prompt,
+                CALIBRATION_COUNT,
+            ]
+        )
+        path = folder / "calibration" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.npy"
+        try:
+            vectors: np.ndarray = np.load(path)
+            return vectors
+        except (OSError, ValueError):
+            pass
+        vectors = self._calibration_vectors()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = path.with_suffix(f".{os.getpid()}.tmp")
+            with temporary.open("wb") as handle:
+                np.save(handle, vectors)
+            os.replace(temporary, path)
+        except OSError:
+            pass  # a read-only cache: computed again at the next start
+        return vectors
 
     def _job(self, measure_apart: Any) -> EngineJob:
         return EngineJob(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -54,6 +55,8 @@ class EnginePlan:
         self._swap = threading.Lock()
         #: What the cache keeps beside the decision (when it was measured, the tokenizer check).
         self.notes: dict[str, Any] = {}
+        #: The engine cache's folder of this model (None: torch alone, no cache).
+        self.cache_folder: Path | None = None
 
     def replace(self, other: EnginePlan) -> None:
         """Serve with ``other``'s decision and runners from the next batch on (its thread

@@ -32,7 +32,7 @@ import numpy as np
 
 from .accuracy import compare
 from .apart import ApartFailed
-from .cache import EngineCache, ExportFailed
+from .cache import FUSED, PLAIN, EngineCache, ExportFailed
 from .decision import REFERENCE, Decision, Measurement, Route, decide, others_cores, variant_name
 from .governor import ThreadGovernor, thread_choices
 from .measure import cpu_seconds, items_per_second, resident_mb
@@ -230,6 +230,7 @@ def _reuse(job: EngineJob, cache: EngineCache, setup: dict[str, Any]) -> EngineP
         logger.info("model %s: cached engine choice unusable (%s)", job.options.model_name, exc)
         return None
     plan = EnginePlan(decision, runners, reused=str(cache.folder))
+    plan.cache_folder = cache.folder
     plan.notes = {key: value for key, value in saved.items() if key not in ("decision", "setup")}
     return plan
 
@@ -293,26 +294,24 @@ def _build(
     folder = _export(job, cache)
     threads = threads or thread_budget()
     if engine == "onnxruntime":
-        from . import export
         from .ort_engine import OnnxRuntimeRunner
 
-        fused = folder / export.FUSED
-        return OnnxRuntimeRunner(fused if fused.is_file() else folder / export.PLAIN, threads)
+        fused = folder / FUSED
+        return OnnxRuntimeRunner(fused if fused.is_file() else folder / PLAIN, threads)
     if engine == "openvino":
-        from . import export
         from .openvino_engine import OpenVinoRunner
 
         # One blob cache per precision and thread count: OpenVINO 2026.4 crashed (double
         # free) compiling bf16 from a folder that held the f32 blob of the same graph.
         blobs = cache.folder / "openvino" / f"{precision}-{threads}threads"
-        return OpenVinoRunner(folder / export.PLAIN, precision, threads, blobs)
+        return OpenVinoRunner(folder / PLAIN, precision, threads, blobs)
     raise ValueError(f"unknown engine {engine!r}")
 
 
 def _export(job: EngineJob, cache: EngineCache) -> Path:
-    from . import export
-
     def make(out: Path) -> None:
+        from . import export  # torch and transformers: only when exporting
+
         logger.info(
             "model %s: exporting %s to ONNX into %s",
             job.options.model_name,
@@ -430,6 +429,7 @@ def _measure_and_decide(
     if job.check_tokenizer is not None:
         notes["tokenizer_json_differs"] = job.check_tokenizer()
     plan.notes = notes
+    plan.cache_folder = cache.folder
     cache.save_decision(setup, {"decision": decision.to_json(), **notes})
     if decision.busy:
         logger.info(
