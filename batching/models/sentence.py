@@ -181,8 +181,17 @@ class SentenceEmbedder:
         # keeping locks out of the object keeps it picklable for process-based instances.
         counter = self._counter
         if counter is None:
-            # Its own tokenizer object: the counter changes its backend's settings.
-            own = JsonTokenizer(self.path) if isinstance(self._tokenizer, JsonTokenizer) else None
+            # Its own tokenizer object: the counter changes its backend's settings. The folder's
+            # tokenizer.json where this model tokenises with it, or (unloaded: the server's
+            # counting object) where its engine is not torch, which would load transformers.
+            json_tokenizer = (
+                isinstance(self._tokenizer, JsonTokenizer)
+                if self._tokenizer is not None
+                else self.engine.apart
+                and self.engine.engine != "torch"
+                and (self.path / TOKENIZER_JSON).is_file()
+            )
+            own = JsonTokenizer(self.path) if json_tokenizer else None
             counter = self._counter = TokenCounter(self.path, self._max_seq_length, own)
         return counter
 

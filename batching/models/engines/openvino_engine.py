@@ -44,9 +44,15 @@ class OpenVinoRunner:
             raise PrecisionUnavailable(
                 f"this CPU runs OpenVINO {precision} as {actual}, so it is not a variant"
             )
+        self.compiled = compiled
         self.names = [tensor.get_any_name() for tensor in compiled.inputs]
         self.output = compiled.outputs[0]
         self.request = compiled.create_infer_request()
+
+    def release_memory(self) -> None:
+        """Give back the intermediate buffers the largest batch so far left (OpenVINO
+        allocates them again at the next batch)."""
+        self.compiled.release_memory()
 
     def __call__(self, inputs: Mapping[str, Any]) -> np.ndarray:
         # numpy arrays, or CPU tensors (which numpy reads without a copy).

@@ -53,6 +53,9 @@ class EnginePlan:
         #: When the last batch ran (``time.monotonic``): how long the server has been idle.
         self.last_batch_at = time.monotonic()
         self._swap = threading.Lock()
+        #: Held while a batch runs: buffers are released (:meth:`release_memory`) only
+        #: between batches.
+        self.running = threading.Lock()
         #: What the cache keeps beside the decision (when it was measured, the tokenizer check).
         self.notes: dict[str, Any] = {}
         #: The engine cache's folder of this model (None: torch alone, no cache).
@@ -108,15 +111,33 @@ class EnginePlan:
             if governor is not None:
                 threads = governor.pick(size)
                 runner = self._threaded_runner(index, threads)
+        with self.running:
+            try:
+                if governor is None:
+                    return routes[index][1](inputs)
+                started = self._clock()
+                output = runner(inputs)
+                governor.observe(size, _tokens(inputs, size), threads, self._clock() - started)
+                return output
+            finally:
+                self.last_batch_at = time.monotonic()
+
+    def release_memory(self) -> bool:
+        """Let every runner that can give back the buffers its batches left (unless a batch
+        is running: then nothing, and False)."""
+        if not self.running.acquire(blocking=False):
+            return False
         try:
-            if governor is None:
-                return routes[index][1](inputs)
-            started = self._clock()
-            output = runner(inputs)
-            governor.observe(size, _tokens(inputs, size), threads, self._clock() - started)
-            return output
+            with self._swap:
+                runners = [runner for _, runner in self._runners]
+                runners += [runner for counts in self._threaded for runner in counts.values()]
+            for runner in {id(runner): runner for runner in runners}.values():
+                release = getattr(runner, "release_memory", None)
+                if release is not None:
+                    release()
+            return True
         finally:
-            self.last_batch_at = time.monotonic()
+            self.running.release()
 
     def describe(self) -> dict[str, Any]:
         """The choice and the figures behind it, for the model's metadata."""

@@ -35,6 +35,7 @@ from .apart import ApartFailed
 from .cache import FUSED, PLAIN, EngineCache, ExportFailed
 from .decision import REFERENCE, Decision, Measurement, Route, decide, others_cores, variant_name
 from .governor import ThreadGovernor, thread_choices
+from .idle import IdleRelease
 from .measure import cpu_seconds, items_per_second, resident_mb
 from .options import ADAPTIVE_THREADS_VARIABLE, EngineOptions, installed, thread_budget
 from .plan import EnginePlan, Runner
@@ -156,6 +157,8 @@ def select_engine(job: EngineJob) -> EnginePlan:
         f"; measured earlier, reused from {plan.reused}" if plan.reused else "",
         time.perf_counter() - started,
     )
+    if job.measure_apart is not None:
+        IdleRelease(plan).start()
     if plan.decision.busy and job.measure_apart is not None:
         logger.info(
             "model %s: measured while other processes used %.1f cores: measuring again once "
