@@ -73,12 +73,18 @@ def main(argv: list[str] | None = None) -> int:
         rows: list[tuple[str, float, float, float]] = []
         if not args.no_fresh:
             rows.append(("fresh", *start_once(cache, args, "fresh")))
-            print(f"fresh: ready in {rows[-1][1]:.1f} s, idle RSS {rows[-1][2]:.0f} MB, "
-                  f"other processes {rows[-1][3]:.1f} CPU s", flush=True)
+            print(
+                f"fresh: ready in {rows[-1][1]:.1f} s, idle RSS {rows[-1][2]:.0f} MB, "
+                f"other processes {rows[-1][3]:.1f} CPU s",
+                flush=True,
+            )
         for round_ in range(args.rounds):
             rows.append(("cached", *start_once(cache, args, "cached")))
-            print(f"cached {round_ + 1}: ready in {rows[-1][1]:.1f} s, idle RSS "
-                  f"{rows[-1][2]:.0f} MB, other processes {rows[-1][3]:.1f} CPU s", flush=True)
+            print(
+                f"cached {round_ + 1}: ready in {rows[-1][1]:.1f} s, idle RSS "
+                f"{rows[-1][2]:.0f} MB, other processes {rows[-1][3]:.1f} CPU s",
+                flush=True,
+            )
     print("| start | ready s (median) | idle RSS MB (median) | other processes' CPU s |")
     print("|---|---|---|---|")
     for kind in ("fresh", "cached"):

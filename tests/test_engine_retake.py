@@ -44,7 +44,10 @@ def test_other_processes_cpu_time_during_the_timing_marks_it_busy() -> None:
     # The mark survives the cache.
     again = Decision.from_json(busy.to_json())
     assert again.busy and again.busy_cores == 0.5
-    assert Decision.from_json({k: v for k, v in busy.to_json().items() if k != "busy_cores"}).busy is False
+    assert (
+        Decision.from_json({k: v for k, v in busy.to_json().items() if k != "busy_cores"}).busy
+        is False
+    )
 
 
 def test_a_retake_waits_for_an_idle_server_on_a_quiet_machine_and_backs_off() -> None:

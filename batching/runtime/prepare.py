@@ -16,6 +16,7 @@ import gc
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from batching.config import ModelConfig
 from batching.models.protocol import load_model
@@ -51,7 +52,8 @@ def prepare_models(models: Sequence[ModelConfig]) -> list[str]:
                 reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
                 failures.append(f"model {config.name!r} cannot be prepared: {reason}")
                 continue
-            engine = getattr(model, "metadata", dict)().get("engine", {})
+            described = model.metadata() if hasattr(model, "metadata") else {}
+            engine: dict[str, Any] = described.get("engine") or {}
             logger.info(
                 "prepare: model %s on %s ready in %.1f s: %s%s",
                 config.name,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from .decision import Decision
