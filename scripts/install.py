@@ -4,8 +4,8 @@
     python scripts/install.py test         # the server and everything its tests need
     python scripts/install.py --dry-run    # say what would be installed, install nothing
 
-``test`` installs what ``python -m pytest`` needs on a fresh machine: the ``test`` and ``ray``
-extras (Ray Serve, for tests/test_ray.py and for mypy's check of batching/ray.py), Triton's
+``test`` installs what ``python -m pytest`` needs on a fresh machine: the ``test`` extra (which
+includes Ray Serve, for tests/test_ray.py and for mypy's check of batching/ray.py), Triton's
 perf_analyzer (scripts/install-perf-analyzer.sh, unless it already runs), and HAProxy and
 Prometheus from the system's packages (apt-get as root, or with ``sudo -n``), each only when
 missing. Where the machine does not allow a system install (not root, no password-less sudo,
@@ -228,8 +228,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     extras = [extra for arg in args.extras for extra in arg.split(",") if extra]
-    if "test" in extras and "ray" not in extras:
-        extras.append("ray")  # tests/test_ray.py, and mypy's check of batching/ray.py
     pip_args, why = plan(extras, args.torch, args.probe_timeout_s)
     for line in why:
         say(line)

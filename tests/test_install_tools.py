@@ -72,7 +72,10 @@ def test_a_user_who_cannot_install_system_packages_gets_one_line() -> None:
     assert len(notes) == 1 and "no apt-get" in notes[0]
 
 
-def test_the_dry_run_of_test_adds_ray_and_names_every_step() -> None:
+def test_the_test_extra_brings_ray_and_the_dry_run_names_every_step() -> None:
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    test_extra = pyproject.split("\ntest = [", 1)[1].split("]\n", 1)[0]
+    assert '"batching[ray]"' in test_extra
     env = {**os.environ, "BATCHING_TORCH_CPU_INDEX": "http://127.0.0.1:9/"}
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "test", "--dry-run", "--probe-timeout-s", "0.5"],
@@ -83,7 +86,7 @@ def test_the_dry_run_of_test_adds_ray_and_names_every_step() -> None:
         check=True,
     )
     (pip,) = [line for line in done.stderr.splitlines() if "would run: " in line]
-    assert shlex.split(pip.split("would run: ", 1)[1])[-1] == f"{ROOT}[test,ray]"
+    assert shlex.split(pip.split("would run: ", 1)[1])[-1] == f"{ROOT}[test]"
     expected = script().tool_steps()[0]
     also = [
         line.split("would also run: ", 1)[1]

@@ -57,6 +57,8 @@ def run_apart(work: Callable[[], Any]) -> None:
     child = subprocess.run(
         [sys.executable, "-m", "batching.models.engines.apart"],
         input=payload,
+        # Its stdout to stderr as well: a process instance's stdout carries its replies.
+        stdout=2,
         env=env,
         check=False,
     )
