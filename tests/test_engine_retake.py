@@ -161,6 +161,31 @@ def test_idle_buffers_are_released_once_per_idle_spell_and_never_mid_batch() -> 
     assert runner.released == 2 and trims == [5.0, 66.0]
 
 
+def test_copies_for_other_thread_counts_are_dropped_after_a_long_idle_spell() -> None:
+    built: list[int] = []
+
+    def build(name: str, count: int) -> Runner:
+        built.append(count)
+        return Runner(f"{name}-{count}")
+
+    plan = EnginePlan(decide(measured(50, 30), 32), {"openvino-bf16": Runner("openvino-bf16")})
+    ticks = iter(range(10**6))  # every batch takes one tick: two threads stay the choice
+    plan.adapt_threads(ThreadGovernor((2, 1)), build, clock=lambda: float(next(ticks)))
+    for _ in range(10):  # the governor tries one thread: its copy is built
+        plan(BATCH)
+    assert built == [2, 1]
+    now = [plan.last_batch_at + 10]
+    keeper = IdleRelease(plan, idle_s=5, spare_idle_s=60, clock=lambda: now[0], trim=lambda: None)
+    keeper.step()
+    assert plan._threaded[0].keys() == {2, 1}  # buffers released, copies kept
+    now[0] += 60
+    keeper.step()
+    assert plan._threaded[0].keys() == {2}
+    for _ in range(300):  # the next try of one thread builds it again
+        plan(BATCH)
+    assert built == [2, 1, 1]
+
+
 def test_a_second_thread_count_is_built_only_when_the_governor_tries_it() -> None:
     built: list[tuple[str, int]] = []
     runner = Runner("openvino-bf16")
