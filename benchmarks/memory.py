@@ -101,7 +101,9 @@ def soak(args: argparse.Namespace) -> int:
             on_window=progress,
         )
         soaked = tree_mb(pid)
-        time.sleep(args.settle)  # idle again: the engines give their buffers back
+        # Idle again: the engines give their buffers back after 5 s, and the thread governor's
+        # spare compiled copies after 60 s (wait for the requests still running first).
+        time.sleep(args.rest_seconds)
         rested = tree_mb(pid)
     figures = summary(result)
     peak = figures.get("rss_mb", {}).get("max", soaked)
@@ -112,7 +114,7 @@ def soak(args: argparse.Namespace) -> int:
     print(f"| idle (ready, no request yet) | {idle:.0f} |")
     print(f"| after {args.warmup_seconds:.0f} s warm-up | {warmed:.0f} |")
     print(f"| after {args.soak_seconds:.0f} s mixed soak | {soaked:.0f} (peak {peak:.0f}) |")
-    print(f"| idle {args.settle:.0f} s after the soak | {rested:.0f} |")
+    print(f"| idle {args.rest_seconds:.0f} s after the soak | {rested:.0f} |")
     print(f"growth from warm-up to the end of the soak: {growth:+.1f}% (target < 5%)")
     print(
         f"soak traffic: {requests.get('ok', 0)} answered requests, "
@@ -129,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-idle", action="store_true", help="skip the idle readings")
     parser.add_argument(
         "--settle", type=float, default=10.0, help="idle seconds before an idle reading (10)"
+    )
+    parser.add_argument(
+        "--rest-seconds", type=float, default=75.0, help="idle seconds after the soak (75)"
     )
     parser.add_argument("--no-table", action="store_true", help="skip the per-setting table")
     parser.add_argument("--no-soak", action="store_true", help="skip the mixed soak")
