@@ -42,6 +42,7 @@ from batching.runtime.collector import (  # noqa: E402
     settle_loaded_objects,
 )
 from batching.runtime.deployment import Deployment  # noqa: E402
+from batching.runtime.prepare import prepare_models  # noqa: E402
 from batching.runtime.warmup import InstanceInfo  # noqa: E402
 from batching.settings.cli import ServerSettings, parse_settings  # noqa: E402
 from batching.tls import CertificateFiles, TlsError  # noqa: E402
@@ -67,12 +68,7 @@ def build(
     tls: CertificateFiles | None = None,
 ) -> Starlette:
     """The app for ``settings`` (``tls``: the certificates of ``settings.tls``, read)."""
-    # torch reads these when it is first imported (by an instance, later); process
-    # instances inherit them. Each instance's thread team then fits its share of the cores.
-    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[variable] = str(settings.torch_threads)
-    # A fixed count is kept for every batch; otherwise the engines' thread governor adapts it.
-    os.environ[ADAPTIVE_THREADS_VARIABLE] = "1" if settings.adaptive_threads else "0"
+    _thread_environment(settings)
     if settings.malloc == "auto":
         # Before any model loads; process instances inherit it through the environment.
         tune_malloc()
@@ -102,6 +98,27 @@ def build(
         log_settings=LogSettings(settings.log_format),
         tracing=settings.tracing,
     )
+
+
+def _thread_environment(settings: ServerSettings) -> None:
+    # torch reads these when it is first imported (by an instance, later); process
+    # instances inherit them. Each instance's thread team then fits its share of the cores.
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[variable] = str(settings.torch_threads)
+    # A fixed count is kept for every batch; otherwise the engines' thread governor adapts it.
+    os.environ[ADAPTIVE_THREADS_VARIABLE] = "1" if settings.adaptive_threads else "0"
+
+
+def prepare(settings: ServerSettings) -> int:
+    """``--prepare``: the engine cache of every model filled (batching/runtime/prepare.py);
+    the exit status (1, with one line, when a model cannot be prepared)."""
+    _thread_environment(settings)
+    failures = prepare_models(settings.models)
+    if failures:
+        print(f"server.py: error: {failures[0]}", file=sys.stderr)
+        return 1
+    logger.info("prepare: done; the engine cache is ready")
+    return 0
 
 
 def read_certificates(settings: ServerSettings) -> CertificateFiles | None:
@@ -301,8 +318,13 @@ def find_models_from_here() -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     find_models_from_here()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["prepare"]:  # batching-server prepare
+        argv = ["--prepare", *argv[1:]]
     settings = parse_settings(argv)
     configure_logging(settings.log_level, settings.log_format)
+    if settings.prepare:
+        sys.exit(prepare(settings))
     _log_start(settings)
     failures: list[str] = []
     server: _Server | None = None

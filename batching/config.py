@@ -110,6 +110,7 @@ class ModelConfig:
             cache_dir=self.engine_cache,
             batch_sizes=tuple(sorted({1, self.batching.max_batch_size})),
             model_name=self.name,
+            apart=True,
         )
 
     @property

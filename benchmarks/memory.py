@@ -1,5 +1,11 @@
-"""Resident memory of the server, on the default model: per instance kind and count, and over
-a soak of mixed traffic.
+"""Resident memory of the server, on the default model: idle after the first and after a cached
+start, per instance kind and count, and over a soak of mixed traffic.
+
+Idle: starts ``python server.py`` (default settings plus ``--server-arg`` flags) on an empty
+engine cache (the first start: export, check and time in a child process), waits until it is
+ready and ``--settle`` seconds more (the engines give their buffers back after 5 idle seconds),
+and reads the server process's RSS; then starts it again on that cache (a cached start) and
+reads it the same way.
 
 The table: for each setting, starts ``python server.py``, waits until every instance is
 ready, sends a few batches of maximum-length text so the allocator reaches its working size,
@@ -11,7 +17,9 @@ The soak: starts ``python server.py`` (1 thread instance, plus ``--server-arg`` 
 traffic and after ``--soak-seconds`` more (closed-loop clients sending 1 to 1,024 texts of 2
 to 256 words each), and reports the growth from warm-up to the end (target: under 5 %).
 
-    python benchmarks/memory.py                           # the table, then a 600 s soak
+    python benchmarks/memory.py                           # idle, the table, a 600 s soak
+    python benchmarks/memory.py --no-table --no-soak      # idle after a first/cached start
+    python benchmarks/memory.py --no-idle --no-table --soak-seconds 60 --warmup-seconds 10
     python benchmarks/memory.py --no-table --soak-seconds 600 --server-arg=--malloc=off
     python benchmarks/memory.py --no-table --server-arg=--malloc=off --env MALLOC_ARENA_MAX=2
     python benchmarks/memory.py --no-table --warmup-seconds 5 --soak-seconds 10   # smoke
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -92,6 +101,10 @@ def soak(args: argparse.Namespace) -> int:
             on_window=progress,
         )
         soaked = tree_mb(pid)
+        # Idle again: the engines give their buffers back after 5 s, and the thread governor's
+        # spare compiled copies after 60 s (wait for the requests still running first).
+        time.sleep(args.rest_seconds)
+        rested = tree_mb(pid)
     figures = summary(result)
     peak = figures.get("rss_mb", {}).get("max", soaked)
     growth = (soaked - warmed) / warmed * 100 if warmed else 0.0
@@ -101,6 +114,7 @@ def soak(args: argparse.Namespace) -> int:
     print(f"| idle (ready, no request yet) | {idle:.0f} |")
     print(f"| after {args.warmup_seconds:.0f} s warm-up | {warmed:.0f} |")
     print(f"| after {args.soak_seconds:.0f} s mixed soak | {soaked:.0f} (peak {peak:.0f}) |")
+    print(f"| idle {args.rest_seconds:.0f} s after the soak | {rested:.0f} |")
     print(f"growth from warm-up to the end of the soak: {growth:+.1f}% (target < 5%)")
     print(
         f"soak traffic: {requests.get('ok', 0)} answered requests, "
@@ -113,6 +127,13 @@ def soak(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--no-idle", action="store_true", help="skip the idle readings")
+    parser.add_argument(
+        "--settle", type=float, default=10.0, help="idle seconds before an idle reading (10)"
+    )
+    parser.add_argument(
+        "--rest-seconds", type=float, default=75.0, help="idle seconds after the soak (75)"
     )
     parser.add_argument("--no-table", action="store_true", help="skip the per-setting table")
     parser.add_argument("--no-soak", action="store_true", help="skip the mixed soak")
@@ -128,11 +149,32 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     code = 0
+    if not args.no_idle:
+        idle(args)
     if not args.no_table:
         code = table()
     if not args.no_soak:
         code = soak(args) or code
     return code
+
+
+def idle(args: argparse.Namespace) -> None:
+    """Idle RSS of the server process after its first start and after a cached start."""
+    print("| start | ready after s | idle server process RSS MB | process tree MB |")
+    print("|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="engines-") as cache:
+        for name in ("first start (empty engine cache)", "cached start"):
+            log = ROOT / "load_test_results" / "memory-idle-server.log"
+            env = {"BATCHING_ENGINE_CACHE": cache}
+            with ServerProcess(args.server_arg, cwd=ROOT, log_path=log, env=env) as server:
+                assert server.pid is not None
+                time.sleep(args.settle)  # idle: no request has been sent
+                print(
+                    f"| {name} | {server.startup_s:.1f} | {rss_mb(server.pid):.0f} | "
+                    f"{tree_mb(server.pid):.0f} |",
+                    flush=True,
+                )
+    print(f"server flags {args.server_arg or '-'}; idle {args.settle:.0f} s before reading")
 
 
 def table() -> int:

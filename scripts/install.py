@@ -1,8 +1,15 @@
 """Install this project and the right build of torch into the Python that runs this script.
 
     python scripts/install.py              # the server
-    python scripts/install.py test         # the server and the test tools (any extras: ray, ...)
+    python scripts/install.py test         # the server and everything its tests need
     python scripts/install.py --dry-run    # say what would be installed, install nothing
+
+``test`` installs what ``python -m pytest`` needs on a fresh machine: the ``test`` extra (which
+includes Ray Serve, for tests/test_ray.py and for mypy's check of batching/ray.py), Triton's
+perf_analyzer (scripts/install-perf-analyzer.sh, unless it already runs), and HAProxy and
+Prometheus from the system's packages (apt-get as root, or with ``sudo -n``), each only when
+missing. Where the machine does not allow a system install (not root, no password-less sudo,
+no apt-get), one line says what to install by hand, and the rest goes on.
 
 It runs one ``pip install`` (``python -m pip``, so a virtual environment's python installs
 into that environment) of ``torch==TORCH_VERSION`` and ``-e ".[extras]"``, and chooses which
@@ -35,6 +42,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 TORCH_VERSION = "2.13.0"
@@ -79,6 +87,70 @@ def index_answers(url: str, timeout_s: float) -> tuple[bool, str]:
     except (OSError, ValueError) as error:  # DNS, refused, timed out, TLS, a bad URL
         reason = getattr(error, "reason", error)
         return False, f"{type(reason).__name__}: {reason}"
+
+
+#: System packages the tests run (tests/test_fleet.py: haproxy; tests/test_promql.py: prometheus).
+SYSTEM_TOOLS = ("haproxy", "prometheus")
+PERF_ANALYZER = ROOT / "scripts" / "perf_analyzer"
+
+
+def perf_analyzer_runs() -> bool:
+    try:
+        done = subprocess.run(
+            [str(PERF_ANALYZER), "--version"], capture_output=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def sudo_works() -> bool:
+    """Whether ``sudo -n`` runs a command without asking for a password."""
+    if shutil.which("sudo") is None:
+        return False
+    try:
+        done = subprocess.run(["sudo", "-n", "true"], capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def tool_steps(
+    *,
+    which: Callable[[str], str | None] = shutil.which,
+    is_root: bool | None = None,
+    sudo: Callable[[], bool] = sudo_works,
+    perf_analyzer: Callable[[], bool] = perf_analyzer_runs,
+) -> tuple[list[list[str]], list[str]]:
+    """What ``test`` runs after pip, each only when missing: the commands, and a line for each
+    tool this machine does not let the script install."""
+    commands: list[list[str]] = []
+    notes: list[str] = []
+    if not perf_analyzer():
+        commands.append(["bash", str(ROOT / "scripts" / "install-perf-analyzer.sh")])
+    missing = [tool for tool in SYSTEM_TOOLS if which(tool) is None]
+    if not missing:
+        return commands, notes
+    root = (os.geteuid() == 0) if is_root is None and hasattr(os, "geteuid") else bool(is_root)
+    apt = which("apt-get")
+    if apt is None:
+        notes.append(
+            f"{' and '.join(missing)} not installed, and there is no apt-get here: install "
+            "them with the system's package manager (tests/test_fleet.py and "
+            "tests/test_promql.py run them)"
+        )
+        return commands, notes
+    prefix = [] if root else ["sudo", "-n"] if sudo() else None
+    if prefix is None:
+        notes.append(
+            f"{' and '.join(missing)} not installed, and this user cannot install system "
+            f"packages (not root, sudo -n asks for a password): run 'sudo apt-get install "
+            f"{' '.join(missing)}' (tests/test_fleet.py and tests/test_promql.py run them)"
+        )
+        return commands, notes
+    commands.append([*prefix, apt, "update", "-qq"])
+    commands.append([*prefix, apt, "install", "-y", "-qq", "--no-install-recommends", *missing])
+    return commands, notes
 
 
 def plan(
@@ -161,7 +233,14 @@ def main(argv: list[str] | None = None) -> int:
         say(line)
     command = [sys.executable, "-m", "pip", *pip_args]
     say(("would run: " if args.dry_run else "running: ") + shlex.join(command))
+    steps: list[list[str]] = []
+    if "test" in extras:
+        steps, notes = tool_steps()
+        for note in notes:
+            say(note)
     if args.dry_run:
+        for step in steps:
+            say("would also run: " + shlex.join(step))
         return 0
     status = subprocess.run(command, check=False).returncode
     if status != 0 and f"torch=={TORCH_VERSION}+cpu" in pip_args:
@@ -170,7 +249,16 @@ def main(argv: list[str] | None = None) -> int:
             f"({CPU_INDEX}) could not be reached and no local wheel has it. Retry where the "
             "index answers, or pass --torch cuda to take PyPI's CUDA build (several GB)."
         )
-    return status
+    if status != 0:
+        return status
+    environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for step in steps:
+        say("running: " + shlex.join(step))
+        done = subprocess.run(step, env=environment, check=False).returncode
+        if done != 0:
+            say(f"failed (exit status {done}): {shlex.join(step)}")
+            return done
+    return 0
 
 
 if __name__ == "__main__":

@@ -207,6 +207,7 @@ class PipelineModel:
         return self._encode([prefix + warmup_text(self._max_length)] * size)
 
     def _view(self, output: torch.Tensor, encoded: Any) -> np.ndarray:
+        output = torch.as_tensor(output)  # ONNX Runtime and OpenVINO answer in numpy
         if self.task == "text-classification":
             return scores(self._config.get("problem_type"), output)
         if self.task == "fill-mask":

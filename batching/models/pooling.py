@@ -9,12 +9,9 @@ prompt length (requests with different prompts share batches).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-import torch
-
-from ._torch import mean_pool
-
-__all__ = ["LEGACY_POOLING_FLAGS", "POOLING_MODES", "exclude_prompt", "pool"]
+import numpy as np
 
 #: Every mode ``1_Pooling/config.json`` may name.
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
@@ -30,58 +27,95 @@ LEGACY_POOLING_FLAGS: dict[str, str] = {
 }
 
 
-def exclude_prompt(mask: torch.Tensor, prompt_lengths: torch.Tensor) -> torch.Tensor:
+def exclude_prompt(mask: np.ndarray, prompt_lengths: np.ndarray) -> np.ndarray:
     """``mask`` with each row's first ``prompt_lengths[i]`` real tokens zeroed (after its left
     padding, if any): sentence-transformers' ``_exclude_prompt_from_mask``, row by row."""
-    pad = mask.to(torch.int32).argmax(dim=1)
-    positions = torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)
-    cut = positions < (pad + prompt_lengths.to(pad.device)).unsqueeze(1)
-    return mask.masked_fill(cut, 0)
+    pad = mask.astype(np.int32).argmax(axis=1)
+    positions = np.arange(mask.shape[1])[None, :]
+    cut = positions < (pad + np.asarray(prompt_lengths))[:, None]
+    return np.where(cut, 0, mask)
+
+
+def _array(value: Any) -> np.ndarray:
+    """A numpy array of ``value`` (a numpy array, or a torch tensor on any device)."""
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "detach"):  # a torch tensor: float32 on the CPU, without importing torch
+        if value.is_floating_point():
+            value = value.float()
+        return np.asarray(value.detach().cpu().numpy())
+    return np.asarray(value)
 
 
 def pool(
-    hidden: torch.Tensor,
-    mask: torch.Tensor,
+    hidden: Any,
+    mask: Any,
     modes: Sequence[str],
-    prompt_lengths: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The pooled vectors ``[batch, dim * len(modes)]`` of ``hidden`` ``[batch, seq, dim]``.
+    prompt_lengths: Any | None = None,
+) -> Any:
+    """The pooled vectors ``[batch, dim * len(modes)]`` of ``hidden`` ``[batch, seq, dim]``, in
+    numpy (float32); torch tensors in give a torch tensor out.
 
     :param mask: the attention mask ``[batch, seq]`` (1 for real tokens, either padding side).
     :param prompt_lengths: per row, prompt tokens to leave out (``include_prompt: false``);
         None keeps every token.
     """
-    original = mask
-    if prompt_lengths is not None and bool((prompt_lengths > 0).any()):
-        mask = exclude_prompt(mask, prompt_lengths)
-    vectors = [_one(mode, hidden, mask, original) for mode in modes]
-    return vectors[0] if len(vectors) == 1 else torch.cat(vectors, dim=-1)
+    tensor = not isinstance(hidden, np.ndarray) and hasattr(hidden, "detach")
+    values = _array(hidden).astype(np.float32, copy=False)
+    original = _array(mask)
+    kept = original
+    if prompt_lengths is not None:
+        lengths = _array(prompt_lengths)
+        if bool((lengths > 0).any()):
+            kept = exclude_prompt(original, lengths)
+    vectors = [_one(mode, values, kept, original) for mode in modes]
+    pooled = vectors[0] if len(vectors) == 1 else np.concatenate(vectors, axis=-1)
+    pooled = np.ascontiguousarray(pooled, dtype=np.float32)
+    if tensor:
+        return _to_tensor(pooled, hidden)
+    return pooled
 
 
-def _one(
-    mode: str, hidden: torch.Tensor, mask: torch.Tensor, original: torch.Tensor
-) -> torch.Tensor:
-    rows = torch.arange(hidden.shape[0], device=hidden.device)
+def _to_tensor(array: np.ndarray, like: Any) -> Any:
+    import torch  # only when torch tensors came in: torch is loaded already
+
+    return torch.from_numpy(array).to(like.device)
+
+
+def mean_pool(hidden: np.ndarray, mask: np.ndarray, sqrt_len: bool = False) -> np.ndarray:
+    """Average the token vectors over real tokens only, so padding never shifts the result."""
+    weights = mask.astype(hidden.dtype)
+    # A batched matmul sums the masked rows without materialising hidden * mask.
+    summed = np.matmul(weights[:, None, :], hidden)[:, 0, :]
+    counts = np.maximum(weights.sum(axis=1, keepdims=True), 1e-9)
+    return summed / (np.sqrt(counts) if sqrt_len else counts)  # type: ignore[no-any-return]
+
+
+def _one(mode: str, hidden: np.ndarray, mask: np.ndarray, original: np.ndarray) -> np.ndarray:
+    rows = np.arange(hidden.shape[0])
     if mode in ("mean", "mean_sqrt_len_tokens"):
         return mean_pool(hidden, mask, sqrt_len=mode == "mean_sqrt_len_tokens")
     if mode == "cls":
         # The first real token: index 0 with right padding, later with left padding.
-        return hidden[rows, mask.to(torch.int32).argmax(dim=1)]
+        return hidden[rows, mask.astype(np.int32).argmax(axis=1)]  # type: ignore[no-any-return]
     if mode == "max":
-        return hidden.masked_fill((mask == 0).unsqueeze(-1), float("-inf")).max(dim=1).values
+        masked = np.where((mask == 0)[..., None], np.float32(-np.inf), hidden)
+        return masked.max(axis=1)  # type: ignore[no-any-return]
     if mode == "weightedmean":
         # Weights 1, 2, ... by position, counted from the first real token (left padding
         # shifts them), the prompt's positions counted but masked out.
-        positions = torch.arange(1, hidden.shape[1] + 1, device=hidden.device, dtype=hidden.dtype)
-        pad = original.to(torch.int32).argmax(dim=1).to(hidden.dtype)
-        weights = mask.to(hidden.dtype) * (positions.unsqueeze(0) - pad.unsqueeze(1))
-        summed = torch.bmm(weights.unsqueeze(1), hidden).squeeze(1)
-        return summed / weights.sum(dim=1, keepdim=True).clamp(min=1e-9)
+        positions = np.arange(1, hidden.shape[1] + 1, dtype=hidden.dtype)
+        pad = original.astype(np.int32).argmax(axis=1).astype(hidden.dtype)
+        weights = mask.astype(hidden.dtype) * (positions[None, :] - pad[:, None])
+        summed = np.matmul(weights[:, None, :], hidden)[:, 0, :]
+        return summed / np.maximum(weights.sum(axis=1, keepdims=True), 1e-9)  # type: ignore[no-any-return]
     if mode == "lasttoken":
         # The last real token: the end with left padding, before the padding with right.
         seq = hidden.shape[1]
-        values, flipped = mask.flip(1).max(dim=1)
-        flipped = torch.where(values == 0, seq - 1, flipped)
+        flipped_mask = mask[:, ::-1]
+        values = flipped_mask.max(axis=1)
+        flipped = flipped_mask.argmax(axis=1)
+        flipped = np.where(values == 0, seq - 1, flipped)
         picked = hidden[rows, seq - flipped - 1]
-        return picked * values.unsqueeze(-1).to(hidden.dtype)
+        return picked * values[:, None].astype(hidden.dtype)  # type: ignore[no-any-return]
     raise ValueError(f"pooling mode {mode!r} is not one of {', '.join(POOLING_MODES)}")

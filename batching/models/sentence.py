@@ -1,35 +1,31 @@
 """Sentence embeddings the way sentence-transformers computes them, with plain transformers:
-prompts, every pooling mode, compact encodings, per-token vectors, tokenize and decode."""
+prompts, every pooling mode, compact encodings, per-token vectors, tokenize and decode.
+
+Tokenisation, pooling, normalisation and prompts run in numpy; torch and transformers are
+imported only when torch computes the encoder (``--engine torch``, or the choice of ``auto``)
+or where the folder's ``tokenizer.json`` does not tokenise as transformers does. The engines
+are measured in a child process (:mod:`.engines.apart`), so a server on OpenVINO or ONNX
+Runtime never loads torch."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-import transformers
 
 from batching.errors import UnprocessableInput
 
 from . import tokenizing
-from ._torch import (
-    WEIGHTS_LOADING,
-    TokenCounter,
-    calibration_texts,
-    encode,
-    encode_and_run,
-    max_length_of,
-    read_json,
-    resolve_device,
-    to_numpy,
-    warmup_text,
-)
 from .default import DEFAULT_MODEL_NAME, default_model_path
+from .engines.apart import run_apart
 from .engines.options import EngineOptions
 from .engines.plan import EnginePlan
-from .engines.selection import EngineJob, select_engine
+from .engines.selection import EngineJob, measure_engines, select_engine
 from .items import (
     EMBEDDING_KEY,
     ENCODINGS,
@@ -42,6 +38,9 @@ from .pooling import LEGACY_POOLING_FLAGS, POOLING_MODES, pool
 from .prompts import PromptOptions, read_prompts
 from .protocol import warmup_batches
 from .quantize import CALIBRATION_COUNT, Calibration, calibration_sentences, quantize, shorten
+from .texts import TokenCounter, calibration_texts, max_length_of, read_json, warmup_text
+from .tokenizer_json import FILE as TOKENIZER_JSON
+from .tokenizer_json import JsonTokenizer, matches
 
 __all__ = ["SentenceEmbedder"]
 
@@ -92,6 +91,8 @@ class SentenceEmbedder:
         engine: EngineOptions | None = None,
         prompt: PromptOptions | None = None,
     ) -> None:
+        # What a measuring child process rebuilds this model from.
+        self._arguments = (path, max_seq_length, engine, prompt)
         if path is None:
             self.path = default_model_path()
             self.name = DEFAULT_MODEL_NAME
@@ -125,9 +126,10 @@ class SentenceEmbedder:
         self.dimension: int = width * len(self.pooling_modes) if isinstance(width, int) else -1
 
         self.engine = engine or EngineOptions(engine="torch", precision="fp32")
-        self._device = torch.device("cpu")
+        self._device = "cpu"
         self._model: EnginePlan | None = None
         self._tokenizer: Any = None
+        self._transformers_tokenizer: Any = None
         self._counter: TokenCounter | None = None
         self._quantization: Calibration | None = None
         self._prompt_lengths: dict[str, int] = {}
@@ -179,29 +181,121 @@ class SentenceEmbedder:
         # keeping locks out of the object keeps it picklable for process-based instances.
         counter = self._counter
         if counter is None:
-            counter = self._counter = TokenCounter(self.path, self._max_seq_length)
+            # Its own tokenizer object: the counter changes its backend's settings. The folder's
+            # tokenizer.json where this model tokenises with it, or (unloaded: the server's
+            # counting object) where its engine is not torch, which would load transformers.
+            json_tokenizer = (
+                isinstance(self._tokenizer, JsonTokenizer)
+                if self._tokenizer is not None
+                else self.engine.apart
+                and self.engine.engine != "torch"
+                and (self.path / TOKENIZER_JSON).is_file()
+            )
+            own = JsonTokenizer(self.path) if json_tokenizer else None
+            counter = self._counter = TokenCounter(self.path, self._max_seq_length, own)
         return counter
 
     def load(self, device: str) -> None:
-        self._device = resolve_device(device)
-        self._tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.path))
+        device = device.strip()
+        if device != "cpu":
+            from ._torch import resolve_device  # checks the spelling; CUDA needs torch
+
+            self._device = str(resolve_device(device))
         if self._max_seq_length is None:
-            self._max_seq_length = max_length_of(self._tokenizer, self._config)
-        self._model = select_engine(
-            EngineJob(
-                options=self.engine,
-                folder=self.path,
-                head="base",
-                measure="embedding",
-                device=str(self._device),
-                input_names=tuple(self._tokenizer(["a"], return_tensors="pt").keys()),
-                load_reference=self._load_encoder,
-                view=self._view,
-                calibration=self._calibration,
-                sample=self._sample,
+            tokenizer = (
+                JsonTokenizer(self.path)
+                if (self.path / TOKENIZER_JSON).is_file()
+                else self._reference_tokenizer()
             )
+            self._max_seq_length = max_length_of(tokenizer, self._config)
+        apart = self.engine.apart and self.engine.engine != "torch" and self._device == "cpu"
+        self._model = select_engine(
+            self._job(functools.partial(_measure_apart, self._arguments) if apart else None)
         )
-        self._quantization = Calibration(self._calibration_vectors(), self.normalize)
+        # The folder's tokenizer.json without transformers, where the measuring process found
+        # that it tokenises exactly as transformers does.
+        if (self.path / TOKENIZER_JSON).is_file() and self._model.notes.get(
+            "tokenizer_json_differs", "not checked"
+        ) is None:
+            self._tokenizer = JsonTokenizer(self.path)
+            self._transformers_tokenizer = None
+        else:
+            self._tokenizer = self._reference_tokenizer()
+        self._quantization = Calibration(self._kept_calibration_vectors(), self.normalize)
+
+    def _kept_calibration_vectors(self) -> np.ndarray:
+        """:meth:`_calibration_vectors`, kept in the engine cache beside the decision they
+        were computed with (a cached start then runs no calibration batch)."""
+        assert self._model is not None
+        folder = self._model.cache_folder
+        if folder is None:
+            return self._calibration_vectors()
+        key = json.dumps(
+            [
+                self._model.decision.to_json()["routes"],
+                type(self._tokenizer).__name__,
+                self.max_seq_length,
+                self._default_prompt,
+                self.include_prompt,
+                CALIBRATION_COUNT,
+            ]
+        )
+        path = folder / "calibration" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.npy"
+        try:
+            vectors: np.ndarray = np.load(path)
+            return vectors
+        except (OSError, ValueError):
+            pass
+        vectors = self._calibration_vectors()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = path.with_suffix(f".{os.getpid()}.tmp")
+            with temporary.open("wb") as handle:
+                np.save(handle, vectors)
+            os.replace(temporary, path)
+        except OSError:
+            pass  # a read-only cache: computed again at the next start
+        return vectors
+
+    def _job(self, measure_apart: Any) -> EngineJob:
+        return EngineJob(
+            options=self.engine,
+            folder=self.path,
+            head="base",
+            measure="embedding",
+            device=self._device,
+            input_names=self._input_names,
+            load_reference=self._load_encoder,
+            view=self._view,
+            calibration=self._calibration,
+            sample=self._sample,
+            measure_apart=measure_apart,
+            check_tokenizer=self._check_tokenizer,
+        )
+
+    def measure(self, force: bool) -> None:
+        """Export, check and time the engine variants and keep the choice in the engine cache
+        (what the measuring child process runs)."""
+        measure_engines(self._job(None), force)
+
+    def _reference_tokenizer(self) -> Any:
+        """transformers' tokenizer of the folder (it imports torch): the reference, and what
+        tokenises when the folder's tokenizer.json cannot."""
+        if self._transformers_tokenizer is None:
+            import transformers
+
+            self._transformers_tokenizer = transformers.AutoTokenizer.from_pretrained(
+                str(self.path)
+            )
+        return self._transformers_tokenizer
+
+    def _input_names(self) -> tuple[str, ...]:
+        return tuple(self._reference_tokenizer()(["a"], return_tensors="np").keys())
+
+    def _check_tokenizer(self) -> str | None:
+        if not (self.path / TOKENIZER_JSON).is_file():
+            return f"no {TOKENIZER_JSON}"
+        return matches(self.path, self._reference_tokenizer(), self.max_seq_length)
 
     def _calibration_vectors(self) -> np.ndarray:
         """The chosen engine's vectors of the calibration texts (for the int8/uint8 ranges),
@@ -219,6 +313,10 @@ class SentenceEmbedder:
         return vectors
 
     def _load_encoder(self) -> Any:
+        import transformers
+
+        from ._torch import WEIGHTS_LOADING
+
         with WEIGHTS_LOADING:
             model = transformers.AutoModel.from_pretrained(str(self.path))
         model.eval()
@@ -226,7 +324,14 @@ class SentenceEmbedder:
 
     def _encode(self, texts: list[str]) -> Any:
         texts = [text.lower() for text in texts] if self._lowercase else texts
-        return encode(self._tokenizer, texts, self.max_seq_length, self._device)
+        tokenizer = self._tokenizer if self._tokenizer is not None else self._reference_tokenizer()
+        return tokenizer(
+            texts,
+            padding=True,
+            truncation=True,
+            max_length=self.max_seq_length,
+            return_tensors="np",
+        )
 
     def _calibration(self) -> list[Any]:
         texts = calibration_texts(self.max_seq_length, self._default_prompt)
@@ -235,9 +340,8 @@ class SentenceEmbedder:
     def _sample(self, size: int) -> Any:
         return self._encode([warmup_text(self.max_seq_length)] * size)
 
-    def _view(self, hidden: torch.Tensor, encoded: Any) -> np.ndarray:
-        with torch.inference_mode():
-            return to_numpy(self._vectors(hidden, encoded["attention_mask"], None))
+    def _view(self, hidden: Any, encoded: Any) -> np.ndarray:
+        return self._vectors(_array(hidden), np.asarray(encoded["attention_mask"]), None)
 
     def predict(self, inputs: list[Any]) -> Any:
         if self._model is None:
@@ -248,16 +352,12 @@ class SentenceEmbedder:
             return np.zeros((0, max(self.dimension, 0)), dtype=np.float32)
         prompt = self._default_prompt
         texts = [prompt + text for text in inputs] if prompt else inputs
-        texts = [text.lower() for text in texts] if self._lowercase else texts
-        with torch.inference_mode():
-            hidden, mask = encode_and_run(
-                self._tokenizer, self._model, texts, self.max_seq_length, self._device
-            )
-            lengths = None
-            if prompt and not self.include_prompt:
-                lengths = self._prompt_lengths_of([prompt] * len(texts))
-            pooled = self._vectors(hidden, mask, lengths)
-        return to_numpy(pooled)
+        encoded = self._encode(texts)
+        hidden = _array(self._model(encoded))
+        lengths = None
+        if prompt and not self.include_prompt:
+            lengths = self._prompt_lengths_of([prompt] * len(texts))
+        return self._vectors(hidden, np.asarray(encoded["attention_mask"]), lengths)
 
     def _predict_items(self, inputs: list[Any]) -> list[Any]:
         """One output per item, for a batch holding option items (or anything but a str)."""
@@ -310,28 +410,34 @@ class SentenceEmbedder:
         prompts = [item.prompt for item in items]
         needs_lengths = not self.include_prompt or any(item.truncate_left for item in items)
         lengths = self._prompt_lengths_of(prompts) if needs_lengths else None
-        with torch.inference_mode():
-            encoded = self._encode_items(items, texts, lengths)
-            hidden = self._model(encoded)
-            mask = encoded["attention_mask"]
-            pooled = to_numpy(self._vectors(hidden, mask, lengths))
-            outputs: list[Any] = []
-            for row, item in enumerate(items):
-                if item.output == "tokens":
-                    real = mask[row].bool()
-                    ids = encoded["input_ids"][row][real].to("cpu", torch.int64).numpy()
-                    vectors = np.array(to_numpy(hidden[row][real]), dtype=np.float32)
-                    outputs.append(TokenVectors(ids=ids, vectors=vectors))
-                else:
-                    outputs.append(self._dense(pooled[row], item))
+        encoded = self._encode_items(items, texts, lengths)
+        hidden = _array(self._model(encoded))
+        mask = np.asarray(encoded["attention_mask"])
+        pooled = self._vectors(hidden, mask, lengths)
+        outputs: list[Any] = []
+        for row, item in enumerate(items):
+            if item.output == "tokens":
+                real = mask[row].astype(bool)
+                ids = np.asarray(encoded["input_ids"][row])[real].astype(np.int64)
+                vectors = np.array(hidden[row][real], dtype=np.float32)
+                outputs.append(TokenVectors(ids=ids, vectors=vectors))
+            else:
+                outputs.append(self._dense(pooled[row], item))
         return outputs
 
     def _encode_items(
-        self, items: list[EmbedItem], texts: list[str], lengths: torch.Tensor | None
+        self, items: list[EmbedItem], texts: list[str], lengths: np.ndarray | None
     ) -> Any:
-        """The batch, padded; each text cut at the end it asks for."""
+        """The batch, padded; each text cut at the end it asks for (texts already
+        lower-cased where the model reads them so)."""
         if not any(item.truncate_left for item in items):
-            return encode(self._tokenizer, texts, self.max_seq_length, self._device)
+            return self._tokenizer(
+                texts,
+                padding=True,
+                truncation=True,
+                max_length=self.max_seq_length,
+                return_tensors="np",
+            )
         tokenizer, limit = self._tokenizer, self.max_seq_length
         assert lengths is not None
         rows: list[Any] = [None] * len(items)
@@ -348,8 +454,7 @@ class SentenceEmbedder:
             )
             for n, i in enumerate(right):
                 rows[i] = {key: list(values[n]) for key, values in encoded.items()}
-        padded = tokenizer.pad(rows, padding=True, return_tensors="pt")
-        return padded.to(self._device) if self._device.type != "cpu" else padded
+        return tokenizer.pad(rows, padding=True, return_tensors="np")
 
     def _dense(self, vector: np.ndarray, item: EmbedItem) -> np.ndarray:
         vector = shorten(vector, item.dimensions, self.normalize)
@@ -363,7 +468,7 @@ class SentenceEmbedder:
         quantization = self._quantization
         return None if quantization is None else quantization.ranges(dimensions)
 
-    def _prompt_lengths_of(self, prompts: list[str]) -> torch.Tensor:
+    def _prompt_lengths_of(self, prompts: list[str]) -> np.ndarray:
         """Per row, the tokens its prompt takes (sentence-transformers' prompt length)."""
         known = self._prompt_lengths
         if len(known) > _PROMPT_CACHE:
@@ -371,15 +476,17 @@ class SentenceEmbedder:
         for prompt in set(prompts) - known.keys():
             text = prompt.lower() if self._lowercase else prompt
             known[prompt] = tokenizing.prompt_length(self._tokenizer, text)
-        return torch.tensor([known[prompt] for prompt in prompts], dtype=torch.int64)
+        return np.array([known[prompt] for prompt in prompts], dtype=np.int64)
 
     def _vectors(
-        self, hidden: torch.Tensor, mask: torch.Tensor, prompt_lengths: torch.Tensor | None
-    ) -> torch.Tensor:
+        self, hidden: np.ndarray, mask: np.ndarray, prompt_lengths: np.ndarray | None
+    ) -> np.ndarray:
         lengths = None if self.include_prompt else prompt_lengths
-        pooled = pool(hidden, mask, self.pooling_modes, lengths)
+        pooled: np.ndarray = pool(hidden, mask, self.pooling_modes, lengths)
         if self.normalize:
-            pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=1)
+            # torch.nn.functional.normalize's rule: divide by the norm, at least 1e-12.
+            norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+            pooled = pooled / np.maximum(norms, np.float32(1e-12))
         return pooled
 
     def _text(self, item: Any) -> str | None:
@@ -443,3 +550,19 @@ class SentenceEmbedder:
             },
             **({"engine": self._model.describe()} if self._model is not None else {}),
         }
+
+
+def _array(output: Any) -> np.ndarray:
+    """An engine's output as a float32 numpy array (a torch runner returns a tensor)."""
+    if isinstance(output, np.ndarray):
+        return output if output.dtype == np.float32 else output.astype(np.float32)
+    return np.asarray(output.detach().float().cpu().numpy())
+
+
+def _measure(arguments: tuple[Any, ...], force: bool) -> None:
+    SentenceEmbedder(*arguments).measure(force)
+
+
+def _measure_apart(arguments: tuple[Any, ...], force: bool) -> None:
+    """Measure the engines of the model built from ``arguments`` in a child process."""
+    run_apart(functools.partial(_measure, arguments, force))

@@ -151,6 +151,7 @@ class SparseEmbedder:
 
     def _pool(self, logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """SpladePooling's forward: padding zeroed, log1p(relu), pooled over the tokens."""
+        logits = torch.as_tensor(logits)  # ONNX Runtime and OpenVINO answer in numpy
         scores = torch.log1p(torch.relu(logits * mask.unsqueeze(-1).to(logits.dtype)))
         if self.layout.activation == "log1p_relu":
             scores = torch.log1p(scores)

@@ -55,6 +55,8 @@ class ServerSettings:
     log_format: str
     #: Intra-op threads each model instance's torch may use.
     torch_threads: int
+    #: ``--prepare``: fill the engine cache and exit instead of serving.
+    prepare: bool = False
     #: Whether each batch's thread count adapts (up to ``torch_threads``) to what runs beside
     #: the server: true unless the count was fixed (``--torch-threads N``, ``OMP_NUM_THREADS``).
     adaptive_threads: bool = True
@@ -386,6 +388,13 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="auto takes bf16 only where it is measured faster and its outputs match fp32 "
         "(cosine >= 0.9999, same labels, same top-k); fp32, bf16, or fp16 on a GPU",
     )
+    parser.add_argument(
+        "--prepare",
+        action="store_true",
+        help="export, check and time every model's engines into the engine cache, then exit "
+        "(0: all prepared): for container images and init containers "
+        "(also: batching-server prepare)",
+    )
     parser.flag(
         "--engine-cache",
         help="folder for exported engines and start-up measurements (default: "
@@ -684,6 +693,7 @@ def parse_settings(
         torch_threads=threads,
         adaptive_threads=asked == "auto",
         cpu_budget=budget,
+        prepare=bool(args.prepare),
         connections=connections,
         malloc=str(args.malloc),
         tls=tls,

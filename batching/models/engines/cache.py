@@ -29,7 +29,19 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RECIPE", "EngineCache", "ExportFailed", "library_versions", "model_digest"]
+__all__ = [
+    "FUSED",
+    "PLAIN",
+    "RECIPE",
+    "EngineCache",
+    "ExportFailed",
+    "library_versions",
+    "model_digest",
+]
+
+#: The exported graph's file in ``onnx/``, and ONNX Runtime's fused graph beside it.
+PLAIN = "model.onnx"
+FUSED = "model.fused.onnx"
 
 #: Bumped when the export recipe changes, so old exports are not reused.
 RECIPE = "1"
@@ -50,8 +62,39 @@ def library_versions() -> dict[str, str]:
     return found
 
 
-def model_digest(folder: Path) -> str:
-    """A hash of every file under ``folder``: relative names and contents."""
+def model_digest(folder: Path, memo: Path | None = None) -> str:
+    """A hash of every file under ``folder``: relative names and contents.
+
+    :param memo: a JSON file remembering the hash by the files' names, sizes and modification
+        times, so that a start whose model did not change reads no weights to hash them.
+    """
+    if memo is None:
+        return _digest(folder)
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    stats = [
+        [str(p.relative_to(folder)), s.st_size, s.st_mtime_ns] for p in files for s in [p.stat()]
+    ]
+    key = _short({"folder": str(folder.resolve()), "files": stats})
+    try:
+        known = json.loads(memo.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    found = known.get(key)
+    if isinstance(found, str):
+        return found
+    digest = _digest(folder)
+    known[key] = digest
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomically(memo, json.dumps(dict(list(known.items())[-256:])))
+    except OSError:
+        pass  # a read-only cache: hashed again at the next start
+    return digest
+
+
+def _digest(folder: Path) -> str:
     digest = hashlib.sha256()
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         digest.update(str(path.relative_to(folder)).encode() + b"\0")
@@ -74,9 +117,8 @@ class EngineCache:
 
     def __init__(self, root: Path, model: Path, head: str) -> None:
         self.root = root
-        self.key = _short(
-            {"files": model_digest(model), "head": head, "recipe": RECIPE, **library_versions()}
-        )
+        files = model_digest(model, root / "digests.json")
+        self.key = _short({"files": files, "head": head, "recipe": RECIPE, **library_versions()})
         self.folder = root / self.key
 
     @contextlib.contextmanager

@@ -16,6 +16,11 @@ The rule:
 - otherwise two are kept, split at the batch size where their (fixed + per-item) cost lines
   cross, provided the second one adds at most :data:`SECOND_ENGINE_MAX_MB` of memory; if it
   costs more, the variant whose worst size is closest to the best is kept alone.
+
+Measurements taken while other processes kept the cores busy (:func:`others_cores` at least
+:data:`BUSY_CORES`) are marked so (``Decision.busy_cores``): the decision serves, and
+:class:`RetakeRule` says when to measure again (once the server has been idle a while), until
+a quiet measurement replaces it.
 """
 
 from __future__ import annotations
@@ -25,14 +30,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "BUSY_CORES",
     "REFERENCE",
     "REFERENCE_MARGIN",
     "SECOND_ENGINE_GAIN",
     "SECOND_ENGINE_MAX_MB",
     "Decision",
     "Measurement",
+    "RetakeRule",
     "Route",
     "decide",
+    "others_cores",
     "variant_name",
 ]
 
@@ -44,6 +52,17 @@ REFERENCE_MARGIN = 1.05
 SECOND_ENGINE_GAIN = 1.10
 #: ... and adds at most this much resident memory.
 SECOND_ENGINE_MAX_MB = 512.0
+#: Other processes that used this many cores on average while the variants were timed make
+#: the measurements busy: retaken once the server has been idle.
+BUSY_CORES = 0.25
+
+
+def others_cores(machine_busy_s: float, own_s: float, wall_s: float) -> float:
+    """The cores other processes used on average during a timing of ``wall_s`` seconds: the
+    CPU time the whole machine spent busy less the measuring process's own."""
+    if wall_s <= 0:
+        return 0.0
+    return max(0.0, machine_busy_s - own_s) / wall_s
 
 
 def variant_name(engine: str, precision: str) -> str:
@@ -138,6 +157,13 @@ class Decision:
     routes: tuple[Route, ...]
     reason: str
     measurements: tuple[Measurement, ...] = ()
+    #: The cores other processes used while the variants were timed (None: not known).
+    busy_cores: float | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Measured while other work took :data:`BUSY_CORES` or more: to be retaken."""
+        return self.busy_cores is not None and self.busy_cores >= BUSY_CORES
 
     @property
     def engine(self) -> str:
@@ -170,6 +196,8 @@ class Decision:
             "routes": [route.to_json() for route in self.routes],
             "reason": self.reason,
             "measurements": [measurement.to_json() for measurement in self.measurements],
+            "busy_cores": None if self.busy_cores is None else round(self.busy_cores, 3),
+            "busy": self.busy,
         }
 
     @classmethod
@@ -178,6 +206,7 @@ class Decision:
             routes=tuple(Route.from_json(route) for route in data["routes"]),
             reason=str(data["reason"]),
             measurements=tuple(Measurement.from_json(m) for m in data.get("measurements", [])),
+            busy_cores=None if data.get("busy_cores") is None else float(data["busy_cores"]),
         )
 
 
@@ -262,3 +291,33 @@ def crossing(small: Measurement, large: Measurement, low: int, high: int) -> int
         return high - 1
     at = (fixed_l - fixed_s) / (per_s - per_l)
     return max(low, min(high - 1, int(at)))
+
+
+@dataclass(slots=True)
+class RetakeRule:
+    """When busy measurements are taken again: once the server has run no batch for
+    ``idle_s`` seconds (first ``first_idle_s`` after the start) while other processes leave
+    the cores quiet, and, after a retake that was busy again, after twice as long each time
+    (at most ``last_idle_s``). Pure: the caller says what time it is, when the last batch ran
+    and how many cores other processes used lately.
+    """
+
+    first_idle_s: float = 60.0
+    idle_s: float = 60.0
+    last_idle_s: float = 3600.0
+    retakes: int = 0
+
+    def due(self, busy: bool, now: float, last_activity: float, others: float) -> bool:
+        """Whether to measure again now: the decision is busy, the server has been idle long
+        enough, and other processes used under :data:`BUSY_CORES` cores (``others``) lately
+        (a retake on a machine still busy would be busy again)."""
+        if not busy or others >= BUSY_CORES:
+            return False
+        wait = self.first_idle_s if self.retakes == 0 else self.idle_s
+        return now - last_activity >= wait
+
+    def taken(self, still_busy: bool) -> None:
+        """A retake ran; ``still_busy``: it was busy again, so wait longer next time."""
+        self.retakes += 1
+        if still_busy:
+            self.idle_s = min(self.last_idle_s, max(self.idle_s, self.first_idle_s) * 2)

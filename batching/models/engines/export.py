@@ -20,11 +20,10 @@ import torch
 import transformers
 
 from .._torch import WEIGHTS_LOADING
+from .cache import FUSED, PLAIN
 
 __all__ = ["FUSED", "HEADS", "PLAIN", "export_onnx"]
 
-PLAIN = "model.onnx"
-FUSED = "model.fused.onnx"
 OPSET = 17
 
 #: What is exported, by head: the transformers class that loads it.

@@ -150,6 +150,10 @@ class ThreadGovernor:
         """The thread count batches of ``items`` items run on between tries."""
         return self._bucket(items).current
 
+    def in_use(self) -> set[int]:
+        """The thread counts some batch size runs on between tries (the first if none ran)."""
+        return {bucket.current for bucket in self._buckets.values()} or {self.choices[0]}
+
     def describe(self) -> dict[str, object]:
         """Per size bucket (largest batch size in it): the current choice and the smoothed
         cost of each choice in microseconds per token."""

@@ -46,7 +46,8 @@ class LogitsModel:
         self._output, self._field = _OUTPUTS[task]
 
     def forward(self, **inputs: Any) -> Any:
-        return self._output(**{self._field: self.plan(inputs)})
+        # ONNX Runtime and OpenVINO answer in numpy; the pipeline reads tensors.
+        return self._output(**{self._field: torch.as_tensor(self.plan(inputs))})
 
     __call__ = forward
 

@@ -7,7 +7,9 @@ import statistics
 import time
 from collections.abc import Callable
 
-__all__ = ["BUDGET_S", "REPEATS", "items_per_second", "resident_mb"]
+import psutil
+
+__all__ = ["BUDGET_S", "REPEATS", "cpu_seconds", "items_per_second", "resident_mb"]
 
 #: Timed runs per batch size, after one untimed run; the median counts.
 REPEATS = 3
@@ -23,6 +25,19 @@ def resident_mb() -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """CPU seconds so far: the whole machine's busy time (every core, every process), and
+    this process's own (all its threads). Their differences over a timing say how much other
+    processes ran meanwhile."""
+    machine = psutil.cpu_times()
+    busy = sum(
+        getattr(machine, name, 0.0)
+        for name in ("user", "nice", "system", "irq", "softirq", "steal")
+    )
+    own = os.times()
+    return busy, own.user + own.system
 
 
 def items_per_second(

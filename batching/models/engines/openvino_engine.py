@@ -1,6 +1,7 @@
 """The OpenVINO engine: the exported graph compiled for the CPU in f32 or bf16 (its inference
 precision hint), with the server's thread budget: ``INFERENCE_NUM_THREADS`` threads, one
-stream, the latency hint. Compiled blobs are cached beside the export."""
+stream, the latency hint. Compiled blobs are cached beside the export. Numpy in, numpy out:
+it runs without torch."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import openvino
-import torch
 
 __all__ = ["OpenVinoRunner", "PrecisionUnavailable"]
 
@@ -43,11 +44,19 @@ class OpenVinoRunner:
             raise PrecisionUnavailable(
                 f"this CPU runs OpenVINO {precision} as {actual}, so it is not a variant"
             )
+        self.compiled = compiled
         self.names = [tensor.get_any_name() for tensor in compiled.inputs]
         self.output = compiled.outputs[0]
         self.request = compiled.create_infer_request()
 
-    def __call__(self, inputs: Mapping[str, Any]) -> torch.Tensor:
-        feeds = {name: inputs[name].numpy() for name in self.names}
+    def release_memory(self) -> None:
+        """Give back the intermediate buffers the largest batch so far left (OpenVINO
+        allocates them again at the next batch)."""
+        self.compiled.release_memory()
+
+    def __call__(self, inputs: Mapping[str, Any]) -> np.ndarray:
+        # numpy arrays, or CPU tensors (which numpy reads without a copy).
+        feeds = {name: np.asarray(inputs[name]) for name in self.names}
         # infer() copies the outputs out of the request's buffers, which the next call reuses.
-        return torch.from_numpy(self.request.infer(feeds)[self.output])
+        output: np.ndarray = self.request.infer(feeds)[self.output]
+        return output

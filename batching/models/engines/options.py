@@ -22,6 +22,7 @@ __all__ = [
     "check_engine_settings",
     "default_cache_dir",
     "installed",
+    "thread_budget",
 ]
 
 #: ``--engine`` values: ``auto`` measures the installed engines and keeps the fastest.
@@ -74,6 +75,23 @@ def default_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "batching" / "engines"
 
 
+def thread_budget(environ: Mapping[str, str] | None = None) -> int:
+    """The threads each engine runs a batch on: ``OMP_NUM_THREADS`` (which server.py sets from
+    the CPU budget, and torch reads), else the CPUs this process may run on. Read without
+    importing torch, so that a server whose engine is not torch never loads it."""
+    environ = os.environ if environ is None else environ
+    try:
+        count = int(environ.get("OMP_NUM_THREADS", ""))
+    except ValueError:
+        count = 0
+    if count >= 1:
+        return count
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 @dataclass(frozen=True, slots=True)
 class EngineOptions:
     """What one model asks of its engine: picklable, handed to the model at build time.
@@ -84,6 +102,9 @@ class EngineOptions:
     :param batch_sizes: the batch sizes the server will run, measured by ``auto`` (1 and the
         batch cap).
     :param model_name: the served name, for log lines.
+    :param apart: export, check and time in a child process that exits (so that this process
+        imports torch only if torch computes), and retake measurements taken on a busy
+        machine once the server is idle: what the server does; False measures in-process.
     """
 
     engine: str = "auto"
@@ -91,6 +112,7 @@ class EngineOptions:
     cache_dir: str | None = None
     batch_sizes: tuple[int, ...] = (1, 32)
     model_name: str = "model"
+    apart: bool = False
 
     @property
     def cache_path(self) -> Path:

@@ -1,6 +1,6 @@
 """The ONNX Runtime engine: the exported graph (fused where ONNX Runtime's optimiser fuses
 it) on the CPU, with the server's thread budget: ``intra_op_num_threads`` threads, one
-inter-op thread, sequential execution."""
+inter-op thread, sequential execution. Numpy in, numpy out: it runs without torch."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnxruntime
-import torch
 
 __all__ = ["OnnxRuntimeRunner"]
 
@@ -33,6 +33,7 @@ class OnnxRuntimeRunner:
         )
         self.names = [tensor.name for tensor in self.session.get_inputs()]
 
-    def __call__(self, inputs: Mapping[str, Any]) -> torch.Tensor:
-        feeds = {name: inputs[name].numpy() for name in self.names}
-        return torch.from_numpy(self.session.run(None, feeds)[0])
+    def __call__(self, inputs: Mapping[str, Any]) -> np.ndarray:
+        feeds = {name: np.asarray(inputs[name]) for name in self.names}
+        output: np.ndarray = self.session.run(None, feeds)[0]
+        return output

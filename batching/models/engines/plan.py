@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from .decision import Decision
@@ -22,7 +24,12 @@ class EnginePlan:
 
     With :meth:`adapt_threads`, each variant also has a runner per thread count, and a
     :class:`~.governor.ThreadGovernor` picks which one runs each batch from how long the
-    batches took: the whole thread budget on quiet cores, fewer beside other work.
+    batches took: the whole thread budget on quiet cores, fewer beside other work. A runner
+    for another count than the first is built when the governor first picks it (a compiled
+    copy costs memory; a machine where the governor never tries it never pays it).
+
+    :meth:`replace` swaps in another decision and its runners (a retaken measurement) between
+    two batches.
 
     :param reused: where the decision was read from the cache, if it was.
     """
@@ -40,9 +47,35 @@ class EnginePlan:
         self._runners = [(route.last, runners[route.name]) for route in decision.routes]
         self._names = [route.name for route in decision.routes]
         self.governor: ThreadGovernor | None = None
-        self._threaded: list[Mapping[int, Runner]] = []
+        self._threaded: list[dict[int, Runner]] = []
+        self._build: Callable[[str, int], Runner] | None = None
         self._clock: Callable[[], float] = time.perf_counter
         self._ran: Callable[[int, float], None] | None = None
+        #: When the last batch ran (``time.monotonic``): how long the server has been idle.
+        self.last_batch_at = time.monotonic()
+        self._swap = threading.Lock()
+        #: Held while a batch runs: buffers are released (:meth:`release_memory`) only
+        #: between batches.
+        self.running = threading.Lock()
+        #: What the cache keeps beside the decision (when it was measured, the tokenizer check).
+        self.notes: dict[str, Any] = {}
+        #: The engine cache's folder of this model (None: torch alone, no cache).
+        self.cache_folder: Path | None = None
+
+    def replace(self, other: EnginePlan) -> None:
+        """Serve with ``other``'s decision and runners from the next batch on (its thread
+        governor too, if it has one)."""
+        with self._swap:
+            self._replace(other)
+
+    def _replace(self, other: EnginePlan) -> None:
+        self.decision = other.decision
+        self.reused = other.reused
+        self.runners = other.runners
+        self.governor, self._threaded, self._build = other.governor, other._threaded, other._build
+        self._names = other._names
+        self._runners = other._runners
+        self._ran = other._ran
 
     def adapt_threads(
         self,
@@ -51,36 +84,89 @@ class EnginePlan:
         clock: Callable[[], float] = time.perf_counter,
         ran: Callable[[int, float], None] | None = None,
     ) -> None:
-        """Give every variant a runner per thread count of ``governor`` (``build(name, n)``)
-        and let the governor pick among them per batch, timed with ``clock``; ``ran(threads,
-        seconds)`` hears of every batch (the meter of other work the governor asks, which must
-        not count the batches' own threads)."""
-        self._threaded = [
-            {count: build(name, count) for count in governor.choices} for name in self._names
-        ]
+        """Give every variant a runner per thread count of ``governor`` (``build(name, n)``:
+        now for the first count, on first use for the others) and let the governor pick
+        among them per batch, timed with ``clock``; ``ran(threads, seconds)`` hears of every
+        batch (the meter of other work the governor asks, which must not count the batches'
+        own threads)."""
+        first = governor.choices[0]
+        self._threaded = [{first: build(name, first)} for name in self._names]
+        self._build = build
         self.governor = governor
         self._clock = clock
         self._ran = ran
 
+    def _threaded_runner(self, index: int, threads: int) -> Runner:
+        runners = self._threaded[index]
+        runner = runners.get(threads)
+        if runner is None:
+            assert self._build is not None
+            runner = runners[threads] = self._build(self._names[index], threads)
+        return runner
+
     def __call__(self, inputs: Mapping[str, Any]) -> Any:
         size = len(next(iter(inputs.values())))
-        index = len(self._runners) - 1
-        for position, (last, _) in enumerate(self._runners):
-            if size <= last:
-                index = position
-                break
-        governor = self.governor
-        if governor is None:
-            return self._runners[index][1](inputs)
-        threads = governor.pick(size)
-        runner = self._threaded[index][threads]
-        started = self._clock()
-        output = runner(inputs)
-        seconds = self._clock() - started
-        governor.observe(size, _tokens(inputs, size), threads, seconds)
-        if self._ran is not None:
-            self._ran(threads, seconds)
-        return output
+        with self._swap:  # a retake may swap the runners in between two batches
+            routes = self._runners
+            index = len(routes) - 1
+            for position, (last, _) in enumerate(routes):
+                if size <= last:
+                    index = position
+                    break
+            governor = self.governor
+            if governor is not None:
+                threads = governor.pick(size)
+                runner = self._threaded_runner(index, threads)
+        with self.running:
+            try:
+                if governor is None:
+                    return routes[index][1](inputs)
+                started = self._clock()
+                output = runner(inputs)
+                seconds = self._clock() - started
+                governor.observe(size, _tokens(inputs, size), threads, seconds)
+                if self._ran is not None:
+                    self._ran(threads, seconds)
+                return output
+            finally:
+                self.last_batch_at = time.monotonic()
+
+    def drop_spare_runners(self) -> bool:
+        """Drop the runners of thread counts that no batch size runs on between tries (a
+        compiled copy each, ~120 MB for the default model on OpenVINO); the governor's next
+        try of such a count builds it again (unless a batch is running: then nothing, and
+        False). The first count's runner is always kept."""
+        if self._build is None:
+            return True
+        if not self.running.acquire(blocking=False):
+            return False
+        try:
+            with self._swap:
+                assert self.governor is not None
+                keep = {self.governor.choices[0], *self.governor.in_use()}
+                for counts in self._threaded:
+                    for count in [count for count in counts if count not in keep]:
+                        del counts[count]
+            return True
+        finally:
+            self.running.release()
+
+    def release_memory(self) -> bool:
+        """Let every runner that can give back the buffers its batches left (unless a batch
+        is running: then nothing, and False)."""
+        if not self.running.acquire(blocking=False):
+            return False
+        try:
+            with self._swap:
+                runners = [runner for _, runner in self._runners]
+                runners += [runner for counts in self._threaded for runner in counts.values()]
+            for runner in {id(runner): runner for runner in runners}.values():
+                release = getattr(runner, "release_memory", None)
+                if release is not None:
+                    release()
+            return True
+        finally:
+            self.running.release()
 
     def describe(self) -> dict[str, Any]:
         """The choice and the figures behind it, for the model's metadata."""

@@ -7,10 +7,18 @@ time it at the batch sizes the server will run, and note the memory it added. Th
 saved in the cache so that the next instance or start-up on this machine reuses it instead of
 measuring again. An engine asked for by name that cannot be exported or fails the check falls
 back to torch fp32, with one log line saying why.
+
+A model that can be rebuilt in another process passes ``measure_apart``: the export, the check
+and the timing (which need torch) then run in a child process that exits
+(:mod:`.apart`), and this process builds only the chosen runners from the cache, so a server
+whose engine is not torch never imports torch. Measurements taken while other processes kept
+the cores busy are marked so, and retaken in the background once the server has been idle
+(:mod:`.retake`); the choice is revisited then.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -22,23 +30,28 @@ from typing import Any
 
 import numpy as np
 
-from . import torch_engine
 from .accuracy import compare
-from .cache import EngineCache, ExportFailed
+from .apart import ApartFailed
+from .cache import FUSED, PLAIN, EngineCache, ExportFailed
 from .contention import Contention
-from .decision import REFERENCE, Decision, Measurement, Route, decide, variant_name
+from .decision import REFERENCE, Decision, Measurement, Route, decide, others_cores, variant_name
 from .governor import ThreadGovernor, thread_choices
-from .measure import items_per_second, resident_mb
-from .options import ADAPTIVE_THREADS_VARIABLE, EngineOptions, installed
+from .idle import IdleRelease
+from .measure import cpu_seconds, items_per_second, resident_mb
+from .options import ADAPTIVE_THREADS_VARIABLE, EngineOptions, installed, thread_budget
 from .plan import EnginePlan, Runner
+from .retake import Retaker
 
-__all__ = ["EngineJob", "candidates", "select_engine"]
+__all__ = ["EngineJob", "candidates", "measure_engines", "select_engine"]
 
 logger = logging.getLogger("batching.engines")
 
-#: A variant this many times slower than torch fp32 at batch 1 is not timed further (bf16
-#: emulated on a CPU without bf16 instructions would take minutes at the batch cap).
+#: A variant this many times slower than the fastest so far at batch 1 is not timed further
+#: (bf16 emulated on a CPU without bf16 instructions would take minutes at the batch cap; and
+#: torch, timed last, need not be timed at the batch cap where an engine is twice as fast).
 _TOO_SLOW = 2.0
+#: The order variants are timed in: the usually fastest first, so the slow ones stop early.
+_TIMING_ORDER = {"openvino": 0, "onnxruntime": 1, "torch": 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +70,11 @@ class EngineJob:
     :param calibration: the calibration batches, encoded.
     :param sample: an encoded batch of n warm-up items, for timing.
     :param reference_mb: the memory the fp32 model took, when it was loaded before the job.
+    :param measure_apart: measures in a child process that exits (``measure_apart(force)``
+        runs :func:`measure_engines` there; ``force`` measures again over a cached decision);
+        None: measured in this process.
+    :param check_tokenizer: in the measuring process, whether the folder's ``tokenizer.json``
+        tokenises as transformers does (None if so, else what differs); kept in the cache.
     """
 
     options: EngineOptions
@@ -64,12 +82,18 @@ class EngineJob:
     head: str
     measure: str | None
     device: str
-    input_names: tuple[str, ...]
+    input_names: tuple[str, ...] | Callable[[], tuple[str, ...]]
     load_reference: Callable[[], Any]
     view: Callable[[Any, Any], np.ndarray]
     calibration: Callable[[], Sequence[Any]]
     sample: Callable[[int], Any]
     reference_mb: float | None = None
+    measure_apart: Callable[[bool], None] | None = None
+    check_tokenizer: Callable[[], str | None] | None = None
+
+    def names(self) -> tuple[str, ...]:
+        names = self.input_names
+        return names if isinstance(names, tuple) else names()
 
 
 def candidates(options: EngineOptions, *, gpu: bool, measurable: bool) -> list[tuple[str, str]]:
@@ -107,6 +131,8 @@ def select_engine(job: EngineJob) -> EnginePlan:
     gpu = job.device.startswith("cuda")
     variants = candidates(options, gpu=gpu, measurable=job.measure is not None)
     if variants == [("torch", "fp32")]:
+        from . import torch_engine
+
         runner = torch_engine.TorchRunner(job.load_reference(), "fp32")
         route = Route("torch", "fp32", 1, max(options.batch_sizes))
         why = "asked for" if options.engine == "torch" else "the only variant for this task"
@@ -114,21 +140,20 @@ def select_engine(job: EngineJob) -> EnginePlan:
         _adapt_threads(only, job, None, {REFERENCE: runner})
         return only
     started = time.perf_counter()
-    cache = EngineCache(options.cache_path, job.folder, job.head)
-    setup = {
-        "engine": options.engine,
-        "precision": options.precision,
-        "device": "cuda" if gpu else "cpu",
-        "threads": torch_engine.threads(),
-        "batch_sizes": sorted(set(options.batch_sizes)),
-        "cpu": _cpu_name(),
-        "measure": job.measure,
-    }
+    cache, setup = _cache_of(job)
     with cache.locked():
         plan = _reuse(job, cache, setup)
-        if plan is None:
-            plan = _measure_and_decide(job, cache, variants, setup)
-        _adapt_threads(plan, job, cache, plan.runners)
+    if plan is None and job.measure_apart is not None:
+        try:
+            job.measure_apart(False)
+        except ApartFailed as exc:
+            logger.warning("model %s: %s; measuring here", options.model_name, exc)
+        with cache.locked():
+            plan = _reuse(job, cache, setup)
+    if plan is None:
+        with cache.locked():
+            plan = _reuse(job, cache, setup) or _measure_and_decide(job, cache, variants, setup)
+    _adapt_threads(plan, job, cache, plan.runners)
     logger.info(
         "model %s: engine %s%s (%.1fs)",
         options.model_name,
@@ -136,6 +161,54 @@ def select_engine(job: EngineJob) -> EnginePlan:
         f"; measured earlier, reused from {plan.reused}" if plan.reused else "",
         time.perf_counter() - started,
     )
+    if job.measure_apart is not None:
+        IdleRelease(plan).start()
+    if plan.decision.busy and job.measure_apart is not None:
+        logger.info(
+            "model %s: measured while other processes used %.1f cores: measuring again once "
+            "the server has been idle",
+            options.model_name,
+            plan.decision.busy_cores or 0.0,
+        )
+        Retaker(plan, functools.partial(_retake, job, cache, setup)).start()
+    return plan
+
+
+def measure_engines(job: EngineJob, force: bool = False) -> None:
+    """Export, check, time and decide, and keep the decision in the cache (unless it is
+    there already and ``force`` is false): what ``measure_apart`` runs in its child."""
+    gpu = job.device.startswith("cuda")
+    variants = candidates(job.options, gpu=gpu, measurable=job.measure is not None)
+    cache, setup = _cache_of(job)
+    with cache.locked():
+        if force or cache.decision(setup) is None:
+            _measure_and_decide(job, cache, variants, setup)
+
+
+def _cache_of(job: EngineJob) -> tuple[EngineCache, dict[str, Any]]:
+    options = job.options
+    cache = EngineCache(options.cache_path, job.folder, job.head)
+    setup = {
+        "engine": options.engine,
+        "precision": options.precision,
+        "device": "cuda" if job.device.startswith("cuda") else "cpu",
+        "threads": thread_budget(),
+        "batch_sizes": sorted(set(options.batch_sizes)),
+        "cpu": _cpu_name(),
+        "measure": job.measure,
+    }
+    return cache, setup
+
+
+def _retake(job: EngineJob, cache: EngineCache, setup: dict[str, Any]) -> EnginePlan | None:
+    """Measure again in a child process, and the plan of the new decision (None: nothing
+    new could be read)."""
+    assert job.measure_apart is not None
+    job.measure_apart(True)
+    with cache.locked():
+        plan = _reuse(job, cache, setup)
+    if plan is not None:
+        _adapt_threads(plan, job, cache, plan.runners)
     return plan
 
 
@@ -163,7 +236,10 @@ def _reuse(job: EngineJob, cache: EngineCache, setup: dict[str, Any]) -> EngineP
     except Exception as exc:  # a cache emptied by hand, a library gone: measure again
         logger.info("model %s: cached engine choice unusable (%s)", job.options.model_name, exc)
         return None
-    return EnginePlan(decision, runners, reused=str(cache.folder))
+    plan = EnginePlan(decision, runners, reused=str(cache.folder))
+    plan.cache_folder = cache.folder
+    plan.notes = {key: value for key, value in saved.items() if key not in ("decision", "setup")}
+    return plan
 
 
 def _adapt_threads(
@@ -171,7 +247,7 @@ def _adapt_threads(
 ) -> None:
     """Let the thread governor pick each batch's thread count, unless the count was fixed
     (``--torch-threads N``), the budget is one thread, or the model runs on a GPU."""
-    budget = torch_engine.threads()
+    budget = thread_budget()
     choices = thread_choices(budget)
     fixed = os.environ.get(ADAPTIVE_THREADS_VARIABLE, "1") == "0"
     if fixed or len(choices) < 2 or job.device.startswith("cuda"):
@@ -181,9 +257,19 @@ def _adapt_threads(
     def build(name: str, count: int) -> Runner:
         runner = runners[name]
         route = routes[name]
-        if count != budget and route.engine != "torch":
+        if route.engine != "torch":
+            if count == budget:
+                return runner
             assert cache is not None  # only torch variants are planned without a cache
-            runner = _build(job, cache, route.engine, route.precision, None, threads=count)
+            logger.info(
+                "model %s: building %s on %d threads (the thread governor tries it)",
+                job.options.model_name,
+                name,
+                count,
+            )
+            return _build(job, cache, route.engine, route.precision, None, threads=count)
+        from . import torch_engine
+
         # torch variants share one model: the thread count is set per call.
         threaded: Runner = torch_engine.on_threads(runner, count)
         return threaded
@@ -209,39 +295,39 @@ def _build(
 ) -> Runner:
     """One variant's runner; ``reference`` is the loaded fp32 torch model, if it is."""
     if engine == "torch":
+        from . import torch_engine
+
         return torch_engine.TorchRunner(
             reference if reference is not None else job.load_reference(), precision
         )
     folder = _export(job, cache)
-    threads = threads or torch_engine.threads()
+    threads = threads or thread_budget()
     if engine == "onnxruntime":
-        from . import export
         from .ort_engine import OnnxRuntimeRunner
 
-        fused = folder / export.FUSED
-        return OnnxRuntimeRunner(fused if fused.is_file() else folder / export.PLAIN, threads)
+        fused = folder / FUSED
+        return OnnxRuntimeRunner(fused if fused.is_file() else folder / PLAIN, threads)
     if engine == "openvino":
-        from . import export
         from .openvino_engine import OpenVinoRunner
 
         # One blob cache per precision and thread count: OpenVINO 2026.4 crashed (double
         # free) compiling bf16 from a folder that held the f32 blob of the same graph.
         blobs = cache.folder / "openvino" / f"{precision}-{threads}threads"
-        return OpenVinoRunner(folder / export.PLAIN, precision, threads, blobs)
+        return OpenVinoRunner(folder / PLAIN, precision, threads, blobs)
     raise ValueError(f"unknown engine {engine!r}")
 
 
 def _export(job: EngineJob, cache: EngineCache) -> Path:
-    from . import export
-
     def make(out: Path) -> None:
+        from . import export  # torch and transformers: only when exporting
+
         logger.info(
             "model %s: exporting %s to ONNX into %s",
             job.options.model_name,
             job.folder,
             cache.folder,
         )
-        export.export_onnx(job.folder, job.head, job.input_names, out)
+        export.export_onnx(job.folder, job.head, job.names(), out)
 
     folder, _ = cache.export(make)
     return folder
@@ -250,6 +336,8 @@ def _export(job: EngineJob, cache: EngineCache) -> Path:
 def _measure_and_decide(
     job: EngineJob, cache: EngineCache, variants: list[tuple[str, str]], setup: dict[str, Any]
 ) -> EnginePlan:
+    from . import torch_engine
+
     options = job.options
     name = options.model_name
     sizes = sorted(set(options.batch_sizes))
@@ -259,6 +347,7 @@ def _measure_and_decide(
             _export(job, cache)
         except ExportFailed as exc:
             export_error = f"export failed: {exc}"
+    timing_started, machine_started, own_started = time.monotonic(), *cpu_seconds()
     before = resident_mb()
     reference = job.load_reference()
     reference_mb = job.reference_mb if job.reference_mb is not None else _grown(before)
@@ -275,8 +364,9 @@ def _measure_and_decide(
     )
     measurements: list[Measurement] = []
     runners: dict[str, Runner] = {}
-    baseline: float | None = None
-    for engine, precision in variants:
+    fastest: tuple[str, float] | None = None  # at the smallest batch size, so far
+    timing_order = sorted(variants, key=lambda v: (_TIMING_ORDER.get(v[0], 9), v[1] != "bf16"))
+    for engine, precision in timing_order:
         variant = variant_name(engine, precision)
         if engine != "torch" and export_error is not None:
             measurements.append(Measurement(engine, precision, error=export_error))
@@ -311,11 +401,13 @@ def _measure_and_decide(
         for size in sizes:
             batch = job.sample(size)
             rates[size] = items_per_second(functools.partial(runner, batch), size)
-            if size == sizes[0] and variant == REFERENCE:
-                baseline = rates[size]
-            elif size == sizes[0] and baseline and rates[size] * _TOO_SLOW < baseline:
-                error = f"over {_TOO_SLOW:g}x slower than torch fp32 at batch {size}"
+            if size != sizes[0]:
+                continue
+            if fastest is not None and rates[size] * _TOO_SLOW < fastest[1]:
+                error = f"over {_TOO_SLOW:g}x slower than {fastest[0]} at batch {size}"
                 break
+            if fastest is None or rates[size] > fastest[1]:
+                fastest = (variant, rates[size])
         memory = reference_mb if variant == REFERENCE else _grown(before)
         measurements.append(
             Measurement(
@@ -339,9 +431,26 @@ def _measure_and_decide(
             "/".join(str(size) for size in rates),
             "?" if memory is None else f"{memory:.0f}",
         )
-    decision = _decide(measurements, max(sizes), options)
+    measurements.sort(key=lambda m: variants.index((m.engine, m.precision)))
+    machine, own = cpu_seconds()
+    busy = others_cores(
+        machine - machine_started, own - own_started, time.monotonic() - timing_started
+    )
+    decision = dataclasses.replace(_decide(measurements, max(sizes), options), busy_cores=busy)
     plan = EnginePlan(decision, {**runners, REFERENCE: reference_runner})
-    cache.save_decision(setup, {"decision": decision.to_json(), "measured_at": time.time()})
+    notes: dict[str, Any] = {"measured_at": time.time()}
+    if job.check_tokenizer is not None:
+        notes["tokenizer_json_differs"] = job.check_tokenizer()
+    plan.notes = notes
+    plan.cache_folder = cache.folder
+    cache.save_decision(setup, {"decision": decision.to_json(), **notes})
+    if decision.busy:
+        logger.info(
+            "model %s: other processes used %.1f cores while the variants were timed: the "
+            "measurements are marked busy",
+            name,
+            busy,
+        )
     return plan
 
 

@@ -7,6 +7,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 __all__ = ["DTYPES", "TorchRunner", "on_threads", "threads"]
@@ -18,6 +19,16 @@ def threads() -> int:
     """The intra-op threads torch was given (``OMP_NUM_THREADS``, which server.py sets from
     the CPU budget): every engine uses as many, so the budget holds whatever runs."""
     return max(1, torch.get_num_threads())
+
+
+def _tensors(inputs: Mapping[str, Any], device: Any) -> dict[str, Any]:
+    """The batch as tensors on ``device``: numpy arrays (a tokenizer without torch) become
+    tensors sharing their memory."""
+    out = {}
+    for name, value in inputs.items():
+        tensor = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+        out[name] = tensor if device is None or tensor.device == device else tensor.to(device)
+    return out
 
 
 def on_threads(runner: Any, count: int) -> Any:
@@ -42,8 +53,12 @@ class TorchRunner:
         dtype = DTYPES[precision]
         self.precision = precision
         self.model = model if dtype == torch.float32 else copy.deepcopy(model).to(dtype)
+        try:
+            self.device: Any = next(self.model.parameters()).device
+        except (AttributeError, StopIteration, TypeError):
+            self.device = None  # inputs are left where they are
 
     def __call__(self, inputs: Mapping[str, Any]) -> torch.Tensor:
         with torch.inference_mode():
-            output: torch.Tensor = self.model(**inputs)[0]
+            output: torch.Tensor = self.model(**_tensors(inputs, self.device))[0]
         return output if output.dtype == torch.float32 else output.float()

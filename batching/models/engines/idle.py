@@ -1,0 +1,98 @@
+"""Memory an idle server gives back: once no batch has run for :data:`IDLE_S` seconds, each
+runner that keeps buffers sized for its largest batch releases them (OpenVINO's
+``CompiledModel.release_memory``: a batch of 32 texts of 256 tokens leaves ~150 MB of
+activations behind), and glibc returns the freed pages to the system (``malloc_trim``). The
+next batch allocates again, which costs milliseconds once, after an idle spell. After
+:data:`SPARE_IDLE_S` seconds, the compiled copies the thread governor built for its other
+thread counts are dropped too (~120 MB each); its next try of such a count compiles it again
+from the blob cache (under a second, once).
+
+A runner is never released while it runs: the plan holds its ``running`` lock around every
+batch, and the release only takes it when free.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable
+
+from .plan import EnginePlan
+
+__all__ = ["IDLE_S", "SPARE_IDLE_S", "IdleRelease", "trim_heap"]
+
+logger = logging.getLogger("batching.engines")
+
+#: Seconds without a batch before the buffers are released.
+IDLE_S = 5.0
+#: ... and before the copies for other thread counts are dropped.
+SPARE_IDLE_S = 60.0
+#: How often the thread looks.
+POLL_S = 1.0
+
+
+def trim_heap() -> None:
+    """glibc's ``malloc_trim(0)``: freed heap pages back to the system (a no-op elsewhere)."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
+
+
+class IdleRelease:
+    """Releases ``plan``'s runners' buffers once it has been idle :data:`IDLE_S` seconds,
+    once per idle spell.
+
+    :param clock: ``time.monotonic`` (``plan.last_batch_at``'s clock) unless a test injects one.
+    :param trim: what returns freed memory to the system.
+    """
+
+    def __init__(
+        self,
+        plan: EnginePlan,
+        idle_s: float = IDLE_S,
+        clock: Callable[[], float] = time.monotonic,
+        trim: Callable[[], None] = trim_heap,
+        spare_idle_s: float = SPARE_IDLE_S,
+    ) -> None:
+        self._plan = weakref.ref(plan)
+        self.idle_s = idle_s
+        self.spare_idle_s = spare_idle_s
+        self._dropped_at: float | None = None
+        self.clock = clock
+        self.trim = trim
+        self._released_at: float | None = None  # the plan's last batch when last released
+        self.stopped = threading.Event()
+
+    def step(self) -> bool:
+        """Release now if it is due; whether the plan is still alive."""
+        plan = self._plan()
+        if plan is None:
+            return False
+        last = plan.last_batch_at
+        idle = self.clock() - last
+        if self._released_at != last and idle >= self.idle_s and plan.release_memory():
+            self._released_at = last
+            self.trim()
+        if self._dropped_at != last and idle >= self.spare_idle_s and plan.drop_spare_runners():
+            self._dropped_at = last
+            self.trim()
+        return True
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self._run, name="engine-idle", daemon=True)
+        thread.start()
+        return thread
+
+    def _run(self) -> None:
+        while not self.stopped.wait(POLL_S):
+            if not self.step():
+                return
