@@ -22,6 +22,7 @@ from batching.grpc.auth import ApiKeyInterceptor
 from batching.http.auth import OPEN_PATHS, ApiKeyMiddleware
 from batching.http.connections import ConnectionLimits
 from batching.http.errors import EXCEPTION_HANDLERS
+from batching.http.completions import completion_routes
 from batching.http.listeners import METRICS_PATH, ListenerRoutes
 from batching.http.middleware import RequestIdMiddleware
 from batching.http.multivector import multivector_routes
@@ -284,6 +285,7 @@ def create_app(
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         *v2_routes(plane, max_body_bytes),
         *openai_routes(plane, max_body_bytes),
+        *completion_routes(plane, max_body_bytes),
         *rerank_routes(plane, max_body_bytes),
         *token_routes(plane, max_body_bytes),
         *multivector_routes(plane, max_body_bytes),
