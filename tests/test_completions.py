@@ -1,0 +1,216 @@
+"""OpenAI ``/v1/completions`` and ``/v1/chat/completions`` on a real server on 127.0.0.1, with
+the official ``openai`` SDK, streaming and not; a tiny GPT-2 built from a config, with a chat
+template set here (its tokenizer has none)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import transformers
+
+from batching import BatchingConfig, ModelConfig, create_app
+from batching.errors import InferenceFailed
+from batching.keys import ApiKeys
+from tests.support.generators import causal_reference, completion_of, direct, gpt2_folder
+from tests.support.threaded import serving_in_thread
+
+KEY = "sk-test-key"
+TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+PROMPTS = ["the cat sat", "a dog", "who eats fish on the mat", "i like green"] * 4
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = gpt2_folder(tmp_path_factory.mktemp("completions"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def url(folder: Path) -> Iterator[str]:
+    configs = [
+        ModelConfig(
+            name="gpt2",
+            source=str(folder),
+            task="text-generation",
+            batching=BatchingConfig(max_batch_size=16, max_batch_tokens=600),
+        )
+    ]
+    with serving_in_thread(create_app(configs, api_keys=ApiKeys([KEY])), timeout=120) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+
+
+def expected(folder: Path, prompt: str, tokens: int) -> str:
+    reference = causal_reference(folder)
+    ids = reference[0](prompt)["input_ids"]
+    new = direct(reference, ids, max_new_tokens=tokens)
+    return completion_of(reference, ids, new)
+
+
+def test_a_completion_is_the_greedy_continuation(client: openai.OpenAI, folder: Path) -> None:
+    answer = client.completions.create(model="gpt2", prompt=PROMPTS[0], max_tokens=9)
+    assert answer.object == "text_completion"
+    assert answer.choices[0].text == expected(folder, PROMPTS[0], 9)
+    assert answer.choices[0].finish_reason == "length"
+    assert answer.usage is not None
+    assert answer.usage.completion_tokens == 9
+    assert answer.usage.prompt_tokens == len(causal_reference(folder)[0](PROMPTS[0])["input_ids"])
+
+
+def test_a_streamed_completion_sends_the_same_text_in_pieces(
+    client: openai.OpenAI, folder: Path
+) -> None:
+    stream = client.completions.create(
+        model="gpt2",
+        prompt=PROMPTS[2],
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    texts = [chunk.choices[0].text for chunk in chunks if chunk.choices]
+    assert len([text for text in texts if text]) > 1
+    assert "".join(texts) == expected(folder, PROMPTS[2], 12)
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 12
+
+
+def test_sixteen_concurrent_streams_get_their_lone_answers(
+    client: openai.OpenAI, folder: Path
+) -> None:
+    def streamed(prompt: str) -> str:
+        stream = client.completions.create(
+            model="gpt2", prompt=prompt, max_tokens=10, temperature=0, stream=True
+        )
+        return "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(streamed, PROMPTS))
+    alone = {prompt: expected(folder, prompt, 10) for prompt in set(PROMPTS)}
+    assert answers == [alone[prompt] for prompt in PROMPTS]
+
+
+def test_chat_uses_the_tokenizers_template(client: openai.OpenAI, folder: Path) -> None:
+    messages: list[Any] = [{"role": "user", "content": "the cat"}]
+    prompt = "user: the cat\nassistant:"
+    answer = client.chat.completions.create(model="gpt2", messages=messages, max_tokens=6)
+    assert answer.choices[0].message.role == "assistant"
+    assert answer.choices[0].message.content == expected(folder, prompt, 6)
+    chunks = list(
+        client.chat.completions.create(model="gpt2", messages=messages, max_tokens=6, stream=True)
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected(folder, prompt, 6)
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_a_stop_string_ends_the_answer(client: openai.OpenAI, folder: Path) -> None:
+    whole = expected(folder, PROMPTS[1], 12)
+    stop = whole[3:5]
+    answer = client.completions.create(model="gpt2", prompt=PROMPTS[1], max_tokens=12, stop=stop)
+    assert answer.choices[0].text == whole[: whole.find(stop)]
+    assert answer.choices[0].finish_reason == "stop"
+
+
+def test_seeded_sampling_repeats(client: openai.OpenAI) -> None:
+    def sampled() -> str | None:
+        answer = client.completions.create(
+            model="gpt2", prompt=PROMPTS[3], max_tokens=10, temperature=0.8, top_p=0.9, seed=11
+        )
+        return answer.choices[0].text
+
+    assert sampled() == sampled()
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"n": 2}, "n: only 1"),
+        ({"logprobs": 3}, "logprobs"),
+        ({"frobnicate": 1}, "frobnicate"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": 5}, "temperature"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ],
+)
+def test_what_is_not_applied_is_a_400(client: openai.OpenAI, body: dict[str, Any], says: str) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="gpt2", prompt="the cat", extra_body=body)
+    assert says in str(refused.value)
+
+
+def test_keys_and_unknown_models(url: str, client: openai.OpenAI) -> None:
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).completions.create(
+            model="gpt2", prompt="the cat"
+        )
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="the cat")
+
+
+def test_the_stream_is_server_sent_events_ending_with_done(url: str) -> None:
+    with httpx.stream(
+        "POST",
+        f"{url}/v1/completions",
+        headers={"authorization": f"Bearer {KEY}"},
+        json={"model": "gpt2", "prompt": "the cat", "max_tokens": 4, "stream": True},
+        timeout=60,
+    ) as answer:
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in answer.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in events)
+    assert events[-1] == "data: [DONE]"
+
+
+class Failing:
+    """A generation whose second piece fails (the model raised on a later step)."""
+
+    finish = None
+    prompt_tokens = completion_tokens = 1
+    closed = False
+
+    async def pieces(self) -> Any:
+        yield "a"
+        raise InferenceFailed("the model failed on this batch")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_an_error_mid_stream_is_an_error_event_and_no_done() -> None:
+    import asyncio
+
+    import orjson
+
+    from batching.codecs.completions import parse_completion
+    from batching.http.completions import _events
+
+    parsed = parse_completion(b'{"model": "gpt2", "prompt": "x", "stream": true}')
+    generation = Failing()
+
+    async def collect() -> list[bytes]:
+        return [event async for event in _events(parsed, generation, "req-1")]  # type: ignore[arg-type]
+
+    events = asyncio.run(collect())
+    assert len(events) == 2
+    error = orjson.loads(events[-1].removeprefix(b"data: "))
+    assert "the model failed" in error["error"]["message"]
+    assert generation.closed
