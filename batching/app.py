@@ -23,6 +23,7 @@ from batching.http.auth import OPEN_PATHS, ApiKeyMiddleware
 from batching.http.connections import ConnectionLimits
 from batching.http.errors import EXCEPTION_HANDLERS
 from batching.http.completions import completion_routes
+from batching.http.generate import generate_routes
 from batching.http.listeners import METRICS_PATH, ListenerRoutes
 from batching.http.middleware import RequestIdMiddleware
 from batching.http.multivector import multivector_routes
@@ -286,6 +287,7 @@ def create_app(
         *v2_routes(plane, max_body_bytes),
         *openai_routes(plane, max_body_bytes),
         *completion_routes(plane, max_body_bytes),
+        *generate_routes(plane, max_body_bytes),
         *rerank_routes(plane, max_body_bytes),
         *token_routes(plane, max_body_bytes),
         *multivector_routes(plane, max_body_bytes),

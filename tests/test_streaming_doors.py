@@ -4,6 +4,7 @@ template set here (its tokenizer has none)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -214,3 +215,65 @@ def test_an_error_mid_stream_is_an_error_event_and_no_done() -> None:
     error = orjson.loads(events[-1].removeprefix(b"data: "))
     assert "the model failed" in error["error"]["message"]
     assert generation.closed
+
+
+# -- KServe v2 generate, as Triton serves it --------------------------------------------------
+
+
+def test_v2_generate_is_the_greedy_continuation(url: str, folder: Path) -> None:
+    answer = httpx.post(
+        f"{url}/v2/models/gpt2/generate",
+        headers={"authorization": f"Bearer {KEY}"},
+        json={"text_input": PROMPTS[0], "parameters": {"max_tokens": 9, "temperature": 0}},
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {
+        "model_name": "gpt2",
+        "model_version": "1",
+        "text_output": expected(folder, PROMPTS[0], 9),
+    }
+
+
+def test_v2_generate_stream_sends_events_of_text_output(url: str, folder: Path) -> None:
+    with httpx.stream(
+        "POST",
+        f"{url}/v2/models/gpt2/versions/1/generate_stream",
+        headers={"authorization": f"Bearer {KEY}"},
+        json={"text_input": PROMPTS[2], "max_new_tokens": 12},
+        timeout=60,
+    ) as answer:
+        assert answer.status_code == 200
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in answer.iter_lines() if line]
+    texts = [json.loads(line.removeprefix("data: "))["text_output"] for line in events]
+    assert len(texts) > 1
+    assert "".join(texts) == expected(folder, PROMPTS[2], 12)
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        ({"text_input": "the cat", "frobnicate": 1}, 400),
+        ({"text_input": "the cat", "parameters": {"max_new_tokens": "many"}}, 400),
+        ({"parameters": {}}, 400),
+    ],
+)
+def test_v2_generate_refuses_what_it_cannot_apply(
+    url: str, body: dict[str, Any], status: int
+) -> None:
+    answer = httpx.post(
+        f"{url}/v2/models/gpt2/generate",
+        headers={"authorization": f"Bearer {KEY}"},
+        json=body,
+        timeout=60,
+    )
+    assert answer.status_code == status
+    assert "error" in answer.json()
+
+
+def test_v2_generate_needs_the_key(url: str) -> None:
+    answer = httpx.post(
+        f"{url}/v2/models/gpt2/generate_stream", json={"text_input": "the cat"}, timeout=60
+    )
+    assert answer.status_code == 401
