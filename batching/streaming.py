@@ -47,9 +47,10 @@ class Generation:
     def completion_tokens(self) -> int:
         return self.stream.generated
 
-    async def pieces(self) -> AsyncIterator[str]:
-        """The text as it is generated (pieces may be empty while a character or a possible
-        stop string is incomplete; those are not yielded).
+    async def parts(self) -> AsyncIterator[tuple[str, bool]]:
+        """The text as it is generated, and whether it is the last part (the last one may be
+        empty; others are never empty: while a character or a possible stop string is
+        incomplete, nothing is yielded).
 
         :raises DeadlineExceeded: the deadline passed before the answer ended.
         :raises BatchingError: the sequence failed.
@@ -58,13 +59,20 @@ class Generation:
         self.first = None
         while piece is not None:
             self.prompt_tokens = piece.prompt_tokens or self.prompt_tokens
-            if piece.text:
-                self.text += piece.text
-                yield piece.text
+            self.text += piece.text
             if piece.finish is not None:
                 self.finish = piece.finish
+                yield piece.text, True
                 return
+            if piece.text:
+                yield piece.text, False
             piece = await self.stream.next()
+
+    async def pieces(self) -> AsyncIterator[str]:
+        """The non-empty parts of :meth:`parts`."""
+        async for text, _ in self.parts():
+            if text:
+                yield text
 
     async def complete(self) -> str:
         """The whole completion."""

@@ -19,6 +19,7 @@ from batching import BatchingConfig, ModelConfig, create_app
 from batching.errors import InferenceFailed
 from batching.keys import ApiKeys
 from tests.support.generators import causal_reference, completion_of, direct, gpt2_folder
+from tests.support.servers import free_port
 from tests.support.threaded import serving_in_thread
 
 KEY = "sk-test-key"
@@ -38,6 +39,9 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+GRPC_PORT = free_port()
+
+
 @pytest.fixture(scope="module")
 def url(folder: Path) -> Iterator[str]:
     configs = [
@@ -48,7 +52,7 @@ def url(folder: Path) -> Iterator[str]:
             batching=BatchingConfig(max_batch_size=16, max_batch_tokens=600),
         )
     ]
-    with serving_in_thread(create_app(configs, api_keys=ApiKeys([KEY])), timeout=120) as url:
+    with serving_in_thread(create_app(configs, api_keys=ApiKeys([KEY]), grpc_port=GRPC_PORT), timeout=120) as url:
         yield url
 
 
@@ -277,3 +281,77 @@ def test_v2_generate_needs_the_key(url: str) -> None:
         f"{url}/v2/models/gpt2/generate_stream", json={"text_input": "the cat"}, timeout=60
     )
     assert answer.status_code == 401
+
+
+# -- gRPC ModelStreamInfer, with tritonclient's stream ---------------------------------------
+
+
+def stream_texts(url: str, requests: list[tuple[str, str, dict[str, Any]]], **options: Any) -> Any:
+    """Each request's (id, text, parameters) through one tritonclient gRPC stream: the
+    results and errors its callback got, by request id."""
+    import queue
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    results: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{GRPC_PORT}")
+    headers = options.pop("headers", {"authorization": f"Bearer {KEY}"})
+    client.start_stream(
+        callback=lambda result, error: results.put((result, error)), headers=headers
+    )
+    for rid, text, parameters in requests:
+        tensor = grpcclient.InferInput("text", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([text.encode()], dtype=object))
+        client.async_stream_infer("gpt2", [tensor], request_id=rid, parameters=parameters, **options)
+    got: dict[str, list[Any]] = {rid: [] for rid, _, _ in requests}
+    finished: set[str] = set()
+    while len(finished) < len(requests):
+        result, error = results.get(timeout=60)
+        if error is not None:
+            got.setdefault("errors", []).append(error)
+            finished.add(f"error-{len(got['errors'])}")
+            continue
+        response = result.get_response()
+        rid = response.id
+        output = result.as_numpy("text_output")
+        if output is not None:
+            got[rid].append(output[0].decode())
+        if response.parameters["triton_final_response"].bool_param:
+            finished.add(rid)
+    client.stop_stream()
+    client.close()
+    return got
+
+
+def test_grpc_stream_sends_each_piece_and_a_final_flag(url: str, folder: Path) -> None:
+    got = stream_texts(
+        url,
+        [
+            ("a", PROMPTS[0], {"max_new_tokens": 9}),
+            ("b", PROMPTS[2], {"max_new_tokens": 12}),
+        ],
+    )
+    assert len(got["a"]) > 1
+    assert "".join(got["a"]) == expected(folder, PROMPTS[0], 9)
+    assert "".join(got["b"]) == expected(folder, PROMPTS[2], 12)
+
+
+def test_grpc_stream_with_an_empty_final_response(url: str, folder: Path) -> None:
+    got = stream_texts(
+        url, [("c", PROMPTS[1], {"max_new_tokens": 5})], enable_empty_final_response=True
+    )
+    assert "".join(got["c"]) == expected(folder, PROMPTS[1], 5)
+
+
+def test_grpc_stream_errors_end_their_request_only(url: str, folder: Path) -> None:
+    got = stream_texts(
+        url,
+        [
+            ("bad", PROMPTS[0], {"max_new_tokens": "many"}),
+            ("good", PROMPTS[3], {"max_new_tokens": 6}),
+        ],
+    )
+    assert len(got["errors"]) == 1
+    assert "max_new_tokens" in got["errors"][0].message()
+    assert "".join(got["good"]) == expected(folder, PROMPTS[3], 6)
