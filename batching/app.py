@@ -20,9 +20,9 @@ from batching.config import ModelConfig
 from batching.grpc import GrpcLimits, GrpcServer
 from batching.grpc.auth import ApiKeyInterceptor
 from batching.http.auth import OPEN_PATHS, ApiKeyMiddleware
+from batching.http.completions import completion_routes
 from batching.http.connections import ConnectionLimits
 from batching.http.errors import EXCEPTION_HANDLERS
-from batching.http.completions import completion_routes
 from batching.http.generate import generate_routes
 from batching.http.listeners import METRICS_PATH, ListenerRoutes
 from batching.http.middleware import RequestIdMiddleware

@@ -197,14 +197,18 @@ class Model:
 
 async def started(decoder: Decoder, batch: Scripted) -> asyncio.Task[None]:
     model = Model(batch)
+    loaded = asyncio.Event()
 
     async def call(function: Callable[[Any], Any]) -> Any:
         await asyncio.sleep(0)
-        return function(model)
+        try:
+            return function(model)
+        finally:
+            loaded.set()
 
     task = asyncio.create_task(decoder.serve(call))
-    while decoder.instances == 0:
-        await asyncio.sleep(0)
+    await loaded.wait()  # serve counted the instance before it waited again
+    assert decoder.instances == 1
     return task
 
 

@@ -52,7 +52,9 @@ def url(folder: Path) -> Iterator[str]:
             batching=BatchingConfig(max_batch_size=16, max_batch_tokens=600),
         )
     ]
-    with serving_in_thread(create_app(configs, api_keys=ApiKeys([KEY]), grpc_port=GRPC_PORT), timeout=120) as url:
+    with serving_in_thread(
+        create_app(configs, api_keys=ApiKeys([KEY]), grpc_port=GRPC_PORT), timeout=120
+    ) as url:
         yield url
 
 
@@ -156,7 +158,9 @@ def test_seeded_sampling_repeats(client: openai.OpenAI) -> None:
         ({"stream_options": {"include_usage": True}}, "stream_options"),
     ],
 )
-def test_what_is_not_applied_is_a_400(client: openai.OpenAI, body: dict[str, Any], says: str) -> None:
+def test_what_is_not_applied_is_a_400(
+    client: openai.OpenAI, body: dict[str, Any], says: str
+) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
         client.completions.create(model="gpt2", prompt="the cat", extra_body=body)
     assert says in str(refused.value)
@@ -303,7 +307,9 @@ def stream_texts(url: str, requests: list[tuple[str, str, dict[str, Any]]], **op
     for rid, text, parameters in requests:
         tensor = grpcclient.InferInput("text", [1], "BYTES")
         tensor.set_data_from_numpy(np.array([text.encode()], dtype=object))
-        client.async_stream_infer("gpt2", [tensor], request_id=rid, parameters=parameters, **options)
+        client.async_stream_infer(
+            "gpt2", [tensor], request_id=rid, parameters=parameters, **options
+        )
     got: dict[str, list[Any]] = {rid: [] for rid, _, _ in requests}
     finished: set[str] = set()
     while len(finished) < len(requests):

@@ -100,9 +100,7 @@ def completion_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
         request_id = request_id_of(request.scope)
         with recorded(plane, deployment) as outcome:
             deadline = plane.deadline(deployment, timeout_of(request))
-            (item,) = task_items(
-                deployment, [parsed.input], parsed.parameters, where="the request"
-            )
+            (item,) = task_items(deployment, [parsed.input], parsed.parameters, where="the request")
             generation = await open_stream(
                 plane, deployment, item, deadline=deadline, request_id=request_id
             )

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 import transformers
 
-from .decoding import DecodeBatch
+from .decoding import DecodeBatch, check_cache
 from .generation import MAX_NEW_TOKENS_CAP, Settings, cut_at_stop
 from .generator import Generator, Prompt
 from .parameters import Param
@@ -86,7 +86,11 @@ class TextGenerator(Generator):
         self.max_seq_length = self.positions()
 
     def decode_batch(self) -> DecodeBatch:
-        """An empty running batch for iteration-level decoding on this instance."""
+        """An empty running batch for iteration-level decoding on this instance.
+
+        :raises NotImplementedError: the model's cache cannot join a running batch.
+        """
+        check_cache(self._model.config)
         eos = self._model.generation_config.eos_token_id
         if eos is None:
             eos = self._tokenizer.eos_token_id

@@ -27,10 +27,11 @@ import secrets
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import (
     LogitsProcessorList,
     RepetitionPenaltyLogitsProcessor,
@@ -42,7 +43,7 @@ from transformers.generation.logits_process import (
 from .generation import Settings
 from .generator import Prompt
 
-__all__ = ["DecodeBatch", "Sequence", "Token"]
+__all__ = ["DecodeBatch", "Sequence", "Token", "check_cache"]
 
 
 @dataclass(slots=True)
@@ -162,7 +163,7 @@ class DecodeBatch:
             self.cache, self.mask, self.rows = cache, mask, [sequence]
             return
         width = max(self.columns, length)
-        for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
+        for mine, theirs in zip(_layers(self.cache), _layers(cache), strict=True):
             assert mine.keys is not None and mine.values is not None
             assert theirs.keys is not None and theirs.values is not None
             mine.keys = torch.cat([_pad_left(mine.keys, width), _pad_left(theirs.keys, width)])
@@ -204,7 +205,7 @@ class DecodeBatch:
             seen = torch.tensor(
                 [sequence.prompt.ids + sequence.new_ids], dtype=torch.long, device=self.device
             )
-            scores = sequence.processors(seen, scores)
+            scores = sequence.processors(seen, scores)  # type: ignore[arg-type]
         if sequence.generator is None:
             return int(torch.argmax(scores[0]))
         probabilities = torch.softmax(scores[0], dim=-1)
@@ -226,7 +227,9 @@ class DecodeBatch:
                 text, finish = text[:cut], "stop"
         if finish is None:
             if text.endswith("\ufffd"):
-                return Token(sequence.key, token, "", None, len(sequence.prompt.ids))  # a partial character
+                return Token(
+                    sequence.key, token, "", None, len(sequence.prompt.ids)
+                )  # a partial character
             text = text[: len(text) - _held_back(text, stops)]
         added = text[sequence.sent :]
         sequence.sent = max(sequence.sent, len(text))
@@ -252,10 +255,29 @@ class DecodeBatch:
         first = int(used[0]) if len(used) else 0
         if first > 0:
             self.mask = self.mask[:, first:]
-            for layer in self.cache.layers:
+            for layer in _layers(self.cache):
                 assert layer.keys is not None and layer.values is not None
                 layer.keys = layer.keys[:, :, first:]
                 layer.values = layer.values[:, :, first:]
+
+
+def _layers(cache: DynamicCache) -> list[DynamicLayer]:
+    """The cache's layers, each a plain full-attention layer (:func:`check_cache`)."""
+    return cast(list[DynamicLayer], cache.layers)
+
+
+def check_cache(config: Any) -> None:
+    """Refuse a model whose cache this loop cannot join and cut: sliding-window, linear
+    attention or other layers that are not a plain key/value cache.
+
+    :raises NotImplementedError: naming the layer kind.
+    """
+    for layer in DynamicCache(config=config).layers:
+        if type(layer) is not DynamicLayer:
+            raise NotImplementedError(
+                f"its cache has {type(layer).__name__} layers; only full-attention layers "
+                "join a running batch"
+            )
 
 
 def _pad_left(tensor: torch.Tensor, width: int) -> torch.Tensor:

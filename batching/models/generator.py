@@ -20,6 +20,7 @@ import transformers
 from batching.errors import PayloadTooLarge, UnprocessableInput
 
 from ._torch import WEIGHTS_LOADING, TokenCounter, resolve_device, warmup_text
+from .chat import Chat
 from .engines.options import EngineOptions
 from .generation import (
     MAX_NEW_TOKENS_CAP,
@@ -32,7 +33,6 @@ from .generation import (
     generation_params,
     input_text,
 )
-from .chat import Chat
 from .parameters import PARAMETERS_KEY, Param, Parameters, TaskItem
 
 __all__ = ["Generator", "Prompt"]

@@ -36,6 +36,7 @@ from batching.errors import (
     BatchingError,
     DeadlineExceeded,
     InferenceFailed,
+    InvalidRequest,
     NotReady,
     Overloaded,
     PayloadTooLarge,
@@ -138,6 +139,8 @@ class Decoder:
         self.reserved = 0
         self.instances = 0
         self.draining = False
+        #: Why this model cannot decode by step (its cache kind), once an instance said so.
+        self.unsupported: str | None = None
         self._clock = clock
         self._keys = itertools.count()
         self._waiting: deque[Stream] = deque()
@@ -155,10 +158,13 @@ class Decoder:
     def submit(self, item: Any, tokens: int, deadline: float, request_id: str = "") -> Stream:
         """Accept ``item`` (it costs ``tokens``: prompt and ``max_new_tokens``) or refuse it.
 
+        :raises InvalidRequest: the model's cache cannot join a running batch.
         :raises NotReady: no instance is serving (loading, or shutting down).
         :raises PayloadTooLarge: more tokens than the whole budget.
         :raises Overloaded: the budget is full now.
         """
+        if self.unsupported is not None:
+            raise InvalidRequest(f"model {self.name!r} cannot stream: {self.unsupported}")
         if self.draining or self.instances == 0 or self.budget is None:
             raise NotReady(f"model {self.name!r} is not ready", retry_after=1.0)
         if tokens > self.budget:
@@ -191,7 +197,12 @@ class Decoder:
         """Run decode steps on one instance (``call`` runs a function of its model on its
         thread) until cancelled."""
         batch: RunningBatch
-        batch, positions = await call(lambda model: (model.decode_batch(), model.positions()))
+        try:
+            batch, positions = await call(lambda model: (model.decode_batch(), model.positions()))
+        except NotImplementedError as exc:
+            self.unsupported = str(exc)
+            logger.warning("model %s serves whole batches only: %s", self.name, exc)
+            return
         if self.budget is None:
             self.budget = self.max_rows * int(positions)
         running: dict[int, Stream] = {}
