@@ -90,6 +90,7 @@ def build(
         cors_allow_origins=settings.cors_allow_origins,
         metrics_port=settings.metrics_port,
         connection_limits=settings.connections,
+        tracing=settings.tracing,
     )
 
 
@@ -245,6 +246,8 @@ def _ready_line(settings: ServerSettings, server: _Server, app: Starlette) -> st
         doors.append(f"metrics at http://{host}:{settings.metrics_port}/metrics")
     if settings.api_keys is not None:
         doors.append(f"{settings.api_keys.count} API keys")
+    if settings.tracing is not None:
+        doors.append(f"traces to {settings.tracing.endpoint} ({settings.tracing.protocol})")
     return f"ready: serving {names} at {url} ({', '.join(doors)})"
 
 

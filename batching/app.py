@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -17,6 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from batching.config import ModelConfig
+from batching.core.events import BatchEvents
 from batching.grpc import GrpcLimits, GrpcServer
 from batching.grpc.auth import ApiKeyInterceptor
 from batching.http.auth import OPEN_PATHS, ApiKeyMiddleware
@@ -43,6 +45,7 @@ from batching.runtime.deployment import Deployment
 from batching.runtime.warmup import InstanceInfo
 from batching.service import DataPlane, Deployments
 from batching.tls import CertificateFiles
+from batching.tracing.config import TracingConfig
 
 __all__ = ["ModelBuilder", "create_app", "default_model_builder"]
 
@@ -79,7 +82,11 @@ OnLoadFailure = Callable[[Deployment, int, str], None]
 def default_model_builder(config: ModelConfig) -> Model:
     """Build a model from the configuration's parsed source (see :class:`ModelSource`), told
     the configuration's engine and precision, and its default prompt override."""
-    return config.model_source.build(config.engine_options, config.prompt_options)
+    return config.model_source.build(
+        config.engine_options,
+        config.prompt_options,
+        max_audio_seconds=config.max_audio_seconds,
+    )
 
 
 class _ConfigFactory:
@@ -113,6 +120,7 @@ def create_app(
     cors_allow_origins: Sequence[str] = (),
     metrics_port: int | None = None,
     connection_limits: ConnectionLimits | None = None,
+    tracing: TracingConfig | None = None,
 ) -> Starlette:
     """A Starlette app serving ``models`` with dynamic batching.
 
@@ -149,6 +157,10 @@ def create_app(
         protocol, :func:`batching.http.connections.protocol_class`), which the gRPC door
         applies to its own connections and calls, with ``max_body_bytes`` as its message
         limit (:class:`~batching.grpc.GrpcLimits`); the defaults when None.
+    :param tracing: send OpenTelemetry traces (docs/tracing.md): a server span per request
+        on every door and a span per batch, linked to its requests; None: off, and
+        OpenTelemetry is never imported. The app's ``state.tracing`` is its
+        :class:`~batching.tracing.provider.Tracing`, or None.
 
     The models load in the background once the lifespan starts: ``/v2/health/live`` answers
     at once, ``/v2/health/ready`` only when every model is loaded and warm. Creating or
@@ -176,6 +188,15 @@ def create_app(
     largest_batch = max(config.batching.max_batch_size for config in configs)
     metrics = Metrics(registry, max_batch_size=largest_batch)
     announced = False
+    tracer = None
+    if tracing is not None:
+        from batching.tracing.provider import Tracing
+
+        tracer = Tracing(tracing)
+
+    def events_for(config: ModelConfig) -> BatchEvents:
+        events: BatchEvents = metrics.for_model(config.name)
+        return events if tracer is None else tracer.observe(events, config)
 
     def instance_ready(deployment: Deployment, index: int, info: InstanceInfo) -> None:
         nonlocal announced
@@ -194,7 +215,7 @@ def create_app(
             Deployment(
                 config,
                 _ConfigFactory(builder, config),
-                events=metrics.for_model(config.name),
+                events=events_for(config),
                 instance_factory=instance_factory,
                 on_ready=instance_ready,
                 on_load_failure=on_load_failure,
@@ -202,10 +223,16 @@ def create_app(
             for config in configs
         ]
     )
+    if tracer is not None:
+        tracer.describe(deployments)
     plane = DataPlane(deployments, metrics)
     grpc_server = None
     if grpc_port:
-        interceptors = []
+        interceptors: list[Any] = []
+        if tracer is not None:
+            from batching.grpc.tracing import TracingInterceptor
+
+            interceptors.append(TracingInterceptor(tracer))  # first: it sees the refusals
         if api_keys is not None:
             unauthorized = metrics.unauthorized.labels("grpc")
             interceptors.append(ApiKeyInterceptor(api_keys, on_refused=unauthorized.inc))
@@ -262,6 +289,12 @@ def create_app(
             )
             if tls is not None:
                 await tls.stop()
+            if tracer is not None:
+                # Exports what is buffered, for at most a few seconds of what is left.
+                left = shutdown_timeout
+                if stop_by is not None:
+                    left = max(0.0, stop_by - asyncio.get_running_loop().time())
+                await asyncio.to_thread(tracer.shutdown, min(5.0, max(1.0, left)))
 
     async def live(request: Request) -> Response:
         return Response(orjson.dumps({"live": True}), media_type="application/json")
@@ -308,6 +341,11 @@ def create_app(
         app.add_middleware(ListenerRoutes, metrics_port=metrics_port)
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(RelativeRedirectMiddleware)
+    if tracer is not None:
+        from batching.http.tracing import TracingMiddleware
+
+        # Outside the key check, so that a 401 has its span too (only CORS is further out).
+        app.add_middleware(TracingMiddleware, tracing=tracer)
     if cors_allow_origins:
         # Outermost: a preflight (which never carries a key) is answered here, and a 401
         # still carries the CORS headers, so a browser can read why it was refused.
@@ -319,5 +357,6 @@ def create_app(
             expose_headers=CORS_EXPOSE_HEADERS,
         )
     app.state.grpc = grpc_server
+    app.state.tracing = tracer
     app.state.drain = drain
     return app

@@ -12,9 +12,11 @@ from batching.models.engines.options import (
     EngineOptions,
     check_engine_settings,
 )
+from batching.models.media import DEFAULT_MAX_IMAGE_PIXELS, MAX_IMAGE_PIXELS_CAP, MediaLimits
 from batching.models.parameters import InvalidParameter, Parameters
 from batching.models.prompts import PromptOptions
 from batching.models.source import ModelSource
+from batching.models.tasks.audio import DEFAULT_MAX_SECONDS
 from batching.models.tasks.table import check_defaults
 
 __all__ = [
@@ -28,6 +30,8 @@ __all__ = [
 ]
 
 INSTANCE_KINDS = ("thread", "process")
+#: The highest ``max_audio_seconds``: an hour (a batch of such audio would not fit anyway).
+MAX_AUDIO_SECONDS = 3600.0
 #: Where warm-up inputs come from: the model's own samples, zeros, random data or a file.
 WARMUP_DATA = ("model", "zero", "random", "file")
 
@@ -70,6 +74,13 @@ class ModelConfig:
     default_prompt_name: str | None = None
     #: A literal default prompt ("" for none), overriding the folder's.
     default_prompt: str | None = None
+    #: Image inputs: the most pixels (width x height) an image may have, read from its header
+    #: before it is decoded; more is a 413 (``--max-image-pixels``).
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    #: Audio inputs: the longest audio, in seconds, read from its header before it is
+    #: decoded (or counted from samples sent as numbers); more is a 413
+    #: (``--max-audio-seconds``).
+    max_audio_seconds: float = DEFAULT_MAX_SECONDS
     #: A task's server-wide request parameters (the model repository's ``parameters``
     #: table): what a request that does not set one gets. Checked against the task's
     #: declaration at construction; stored checked, sorted by name.
@@ -108,7 +119,24 @@ class ModelConfig:
             return None
         return PromptOptions(name=self.default_prompt_name, text=self.default_prompt)
 
+    @property
+    def media_limits(self) -> MediaLimits:
+        """What media inputs are checked against before they are queued."""
+        return MediaLimits(
+            max_image_pixels=self.max_image_pixels, max_audio_seconds=self.max_audio_seconds
+        )
+
     def _validate(self) -> None:
+        if not 1 <= self.max_image_pixels <= MAX_IMAGE_PIXELS_CAP:
+            raise ValueError(
+                f"max_image_pixels must be between 1 and {MAX_IMAGE_PIXELS_CAP} (Pillow's "
+                f"decompression-bomb limit), not {self.max_image_pixels}"
+            )
+        if not 0 < self.max_audio_seconds <= MAX_AUDIO_SECONDS:
+            raise ValueError(
+                f"max_audio_seconds must be above 0 and at most {MAX_AUDIO_SECONDS:g}, "
+                f"not {self.max_audio_seconds}"
+            )
         if not self.name or "/" in self.name:
             raise ValueError(f"name: {self.name!r} must be non-empty and contain no '/'")
         if not self.devices:

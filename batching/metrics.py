@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from batching.core.events import BatchRun, RequestRun
 from batching.runtime.deployment import Deployment
 
 __all__ = [
@@ -334,3 +335,9 @@ class ModelEvents:
 
     def dropped(self, reason: str, items: int) -> None:
         self._dropped.labels(self._model, reason).inc(items)
+
+    def batch_ran(self, batch: BatchRun) -> None:
+        return None  # traces' business (batching.tracing); batch_done counted it
+
+    def request_ran(self, trace: object, run: RequestRun) -> None:
+        return None  # likewise

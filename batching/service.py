@@ -26,8 +26,10 @@ from batching.errors import (
 )
 from batching.metrics import Metrics
 from batching.models.items import item_text
+from batching.models.media import check_media, media_inputs
 from batching.models.parameters import TaskItem
 from batching.runtime.deployment import Deployment
+from batching.tracing.spans import current_span
 
 __all__ = [
     "DataPlane",
@@ -121,6 +123,18 @@ def check_mask_token(metadata: dict[str, Any], inputs: list[Any]) -> None:
             )
 
 
+async def check_media_items(deployment: Deployment, inputs: list[Any]) -> None:
+    """Refuse the media items (images, ...) a model cannot take, before they are queued: too
+    large (413, from the header) or undecodable (400). On a worker thread: decoding an image
+    takes milliseconds the event loop owes to every other request."""
+    media = media_inputs(deployment.metadata)
+    if not media:
+        return
+    several = len(deployment.metadata.get("inputs") or []) > 1
+    limits = deployment.config.media_limits
+    await asyncio.to_thread(check_media, media, several, inputs, limits)
+
+
 class Deployments:
     """The deployments one app serves, by name; the first is the default."""
 
@@ -182,7 +196,11 @@ class DataPlane:
 
     def deployment(self, name: str | None, version: str | None = None) -> Deployment:
         """See :meth:`Deployments.get`."""
-        return self.deployments.get(name, version)
+        deployment = self.deployments.get(name, version)
+        span = current_span()
+        if span is not None:
+            span.model(deployment.name)
+        return deployment
 
     @staticmethod
     def now() -> float:
@@ -268,6 +286,7 @@ class DataPlane:
         :raises BatchingError: refused at admission (see :meth:`Batcher.submit`).
         """
         check_mask_token(deployment.metadata, inputs)
+        await check_media_items(deployment, inputs)
         if token_cap is not None and tokens is not None and len(tokens) == len(inputs):
             pass  # counted by the door, and needed for the cap whatever the model's batching
         elif deployment.count_tokens is None:
@@ -280,13 +299,17 @@ class DataPlane:
                 failure = untokenizable(exc, request_id)
             if failure is not None:
                 raise failure
+        span = current_span()
         future = deployment.batcher.submit(
             inputs,
             deadline=deadline,
             tokens=tokens,
             request_id=request_id,
             token_cap=token_cap if tokens is not None else None,
+            trace=span,
         )
+        if span is not None:
+            span.submitted(deployment.name, len(inputs), tokens)
         watcher = asyncio.ensure_future(disconnected()) if disconnected is not None else None
         waited: set[asyncio.Future[Any]] = {future} if watcher is None else {future, watcher}
         try:

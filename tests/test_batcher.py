@@ -12,6 +12,7 @@ import pytest
 
 from batching.config import BatchingConfig
 from batching.core.batcher import Batcher, InstanceLost
+from batching.core.events import BatchRun, RequestRun
 from batching.core.policy import FixedPolicy
 from batching.errors import DeadlineExceeded, InferenceFailed, NotReady, Overloaded, PayloadTooLarge
 from tests.support.fakes import ScriptedRunner, at, run_virtual
@@ -584,6 +585,60 @@ def test_a_poisoned_request_is_reported_as_failed_and_the_rest_as_ok() -> None:
         with pytest.raises(InferenceFailed):
             await bad
         assert sorted(ok for *_, ok in events.requests) == [False, True]
+        await finish(task)
+
+    run_virtual(main)
+
+
+# ------------------------------------------------------------------ traced requests (opaque)
+
+
+class TracedRecorder(Recorder):
+    """Also records what the batcher reports of traced requests."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batch_runs: list[BatchRun] = []
+        self.request_runs: list[tuple[object, RequestRun]] = []
+
+    def batch_ran(self, batch: BatchRun) -> None:
+        self.batch_runs.append(batch)
+
+    def request_ran(self, trace: object, run: RequestRun) -> None:
+        self.request_runs.append((trace, run))
+
+
+def test_each_batch_reports_the_traces_of_the_requests_it_carried_and_each_request_its_times() -> (
+    None
+):
+    async def main() -> None:
+        config = BatchingConfig(max_batch_size=2, max_queue_delay=5 * MS)
+        events = TracedRecorder()
+        clock = asyncio.get_running_loop().time
+        batcher = Batcher("m", config, FixedPolicy(config.max_queue_delay), events, clock=clock)
+        batcher.instances = batcher.ready_instances = 1
+        runner = ScriptedRunner(cost=lambda n: 10 * MS)
+        task = asyncio.get_running_loop().create_task(batcher.serve(runner.run, "m-0"))
+        busy = batcher.submit(["busy"], deadline=FAR)  # untraced: reports no batch_ran
+        await runner.started.wait()
+        split, small = object(), object()
+        first = batcher.submit(["a", "b", "c"], deadline=FAR, trace=split)  # split over 2
+        second = batcher.submit(["d"], deadline=FAR, trace=small)
+        await asyncio.gather(busy, first, second)
+        assert runner.batches == [(0.0, ["busy"]), (10 * MS, ["a", "b"]), (20 * MS, ["d", "c"])]
+        assert [list(run.traces) for run in events.batch_runs] == [[split], [small, split]]
+        assert [(run.items, run.instance, run.reason) for run in events.batch_runs] == [
+            (2, "m-0", "full"),
+            (2, "m-0", "full"),
+        ]
+        assert events.batch_runs[0].run_s == pytest.approx(10 * MS)
+        runs = dict(events.request_runs)
+        assert runs[split].batches == 2 and runs[small].batches == 1
+        assert runs[split].queue_s == pytest.approx(10 * MS)  # queued behind "busy"
+        assert runs[split].batched_s == pytest.approx(20 * MS)  # its two batches
+        assert runs[split].compute_s == pytest.approx(20 * MS)
+        assert runs[small].queue_s == pytest.approx(20 * MS) and runs[small].ok
+        assert len(events.request_runs) == 2  # the untraced request reports none
         await finish(task)
 
     run_virtual(main)

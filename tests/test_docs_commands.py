@@ -111,6 +111,18 @@ RULES: tuple[Rule, ...] = (
         )
         for pattern in (r"openssl ", r"python server\.py --ssl-certfile ", r"curl --cacert ")
     ),
+    *(
+        Rule(
+            pattern,
+            "skip",
+            "README's speech example needs a real speech model and a recording: "
+            "tests/test_audio_doors.py serves tiny ones and sends WAV bodies on every door",
+        )
+        for pattern in (
+            r"python server\.py --model \./wav2vec2-base-960h ",
+            r"curl -s localhost:8000/ -H \"Content-Type: audio/wav\" --data-binary @speech\.wav$",
+        )
+    ),
     Rule(
         r"curl -s 127\.0\.0\.1:8000/models/my-",
         "skip",
@@ -217,6 +229,14 @@ RULES: tuple[Rule, ...] = (
         "no Kubernetes cluster here; tests/test_kubernetes.py validates the manifests",
     ),
     Rule(r"docker build ", "skip", "no container engine here; tests/test_dockerfile.py"),
+    # docs/tracing.md and README, "Traces": a server that sends traces to a collector (none
+    # listens here: it must still serve, and stop without waiting for one).
+    Rule(
+        r"docker run --rm -p 16686:16686 -p 4317:4317 -p 4318:4318 jaegertracing",
+        "skip",
+        "no container engine here; tests/test_tracing.py exports to OTLP receivers it runs",
+    ),
+    Rule(r"python server\.py --otlp-endpoint \S+( --trace-rate [0-9.]+)?$", "server"),
     Rule(
         r"python scripts/install\.py ray$|serve run batching\.ray:build_app",
         "skip",

@@ -19,9 +19,10 @@ import transformers
 from batching.errors import PayloadTooLarge, UnprocessableInput
 from batching.models.causal import TextGenerator
 from batching.models.generation import Row, Settings, generate_rows
-from batching.models.parameters import TaskItem
+from batching.models.parameters import InvalidParameter, TaskItem
 from batching.models.seq2seq import Seq2SeqGenerator
 from batching.models.source import ModelSource
+from batching.models.tasks.table import check_defaults
 from tests.support.generators import (
     GPT2_POSITIONS,
     SEQ2SEQ_MAX_INPUT,
@@ -330,3 +331,14 @@ def test_a_tokenizer_with_neither_pad_nor_eos_token_is_refused_at_load(
     config_file.write_text(json.dumps(config))
     with pytest.raises(ValueError, match="neither a pad token nor an end-of-text token"):
         TextGenerator("text-generation", folder).load("cpu")
+
+
+def test_repository_defaults_are_checked_against_the_generating_tasks() -> None:
+    assert check_defaults("translation_en_to_de", {"tgt_lang": "fr", "max_new_tokens": 9}) == (
+        ("max_new_tokens", 9),
+        ("tgt_lang", "fr"),
+    )
+    with pytest.raises(InvalidParameter, match="'max_new_tokens' must be >= 1"):
+        check_defaults("text-generation", {"max_new_tokens": 0})
+    with pytest.raises(InvalidParameter, match="unknown parameter 'return_full_text'"):
+        check_defaults("summarization", {"return_full_text": False})

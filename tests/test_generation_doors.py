@@ -244,9 +244,14 @@ def test_translation_and_text2text_through_the_doors(
     assert [json.loads(row) for row in result.as_numpy("output").ravel()] == [german]
     grpc.close()
     singles = [generate(url, "bart", p, max_new_tokens=5) for p in PROMPTS]
+    batches = sample(
+        httpx.get(f"{url}/metrics").text, "batching_batch_size_items_count", model="bart"
+    )
     with ThreadPoolExecutor(16) as pool:
         together = list(pool.map(lambda p: generate(url, "bart", p, max_new_tokens=5), PROMPTS))
     assert together == singles and set(singles[0]) == {"generated_text"}
+    metrics = httpx.get(f"{url}/metrics").text
+    assert sample(metrics, "batching_batch_size_items_count", model="bart") - batches < 16
 
 
 def test_an_input_that_is_not_a_text_is_a_4xx_on_every_door(server: tuple[str, str]) -> None:
@@ -263,3 +268,29 @@ def test_an_input_that_is_not_a_text_is_a_4xx_on_every_door(server: tuple[str, s
         grpc.infer("gpt2", [number])
     assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
     grpc.close()
+
+
+def test_the_v2_metadata_lists_this_models_parameters(server: tuple[str, str]) -> None:
+    url, _ = server
+    described = httpx.get(f"{url}/v2/models/gpt2").json()["parameters"]
+    assert described["max_new_tokens"]["maximum"] == GPT2_POSITIONS - 1
+    assert described["seed"]["batch_neutral"] is True
+    assert "src_lang" not in described
+    translation = httpx.get(f"{url}/v2/models/t5").json()["parameters"]
+    assert translation["tgt_lang"]["choices"] == ["de", "fr"]
+    assert "return_full_text" not in translation
+
+
+def test_too_many_stop_strings_is_a_422_that_fails_no_batch_mate(server: tuple[str, str]) -> None:
+    url, _ = server
+    stop = [f"s{i}" for i in range(17)]
+
+    def post(parameters: dict[str, Any]) -> httpx.Response:
+        body = {"inputs": ["the cat"], "parameters": {"max_new_tokens": 4, **parameters}}
+        return httpx.post(f"{url}/models/gpt2", json=body, timeout=60)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(post, [{"stop": stop}] + [{}] * 7))
+    assert answers[0].status_code == 422
+    assert "'stop' takes at most 16 strings" in answers[0].json()["error"]
+    assert [answer.status_code for answer in answers[1:]] == [200] * 7

@@ -156,3 +156,63 @@ def test_a_new_size_starts_on_the_count_the_nearest_size_runs() -> None:
     run(governor, 50, {2: 10.0, 1: 1.0}, items=32)
     assert governor.current(32) == 1
     assert governor.pick(20) == 1
+
+
+class Machine:
+    """Other work, in cores, as the governor's meter reports it (set by the test)."""
+
+    def __init__(self) -> None:
+        self.others: float | None = 0.0
+        self.asked = 0
+
+    def read(self) -> float | None:
+        self.asked += 1
+        return self.others
+
+
+def test_a_larger_team_is_not_tried_while_other_work_holds_its_cores() -> None:
+    machine = Machine()
+    governor = ThreadGovernor((2, 1), machine.read)
+    # Quiet first: two threads win, and one thread's cost is known from the tries.
+    quiet = {2: 0.5, 1: 1.0}
+    assert run(governor, 100, quiet)[-1] == 2
+    # A storm: the event loop holds a core, two threads cost ten times one thread.
+    storm = {2: 10.0, 1: 1.0}
+    machine.others = 1.0
+    picked = run(governor, 600, storm)
+    # The first batch of the storm still runs on two threads and shows it; one thread is
+    # tried at once and kept, and no two-thread try runs while the storm lasts.
+    assert picked[0] == 2
+    assert picked[1:] == [1] * 599
+    assert governor.held_back > 0
+    assert machine.asked > 0
+    # The storm ends: the next due try runs and two threads win back.
+    machine.others = 0.1
+    picked = run(governor, 2 * LAST_INTERVAL, quiet)
+    assert picked[-1] == 2
+
+
+def test_without_a_meter_tries_continue_as_before() -> None:
+    governor = ThreadGovernor((2, 1))
+    run(governor, 100, {2: 0.5, 1: 1.0})
+    picked = run(governor, 600, {2: 10.0, 1: 1.0})
+    assert picked[1:].count(2) >= 2
+    assert governor.held_back == 0
+
+
+def test_fewer_threads_are_tried_whatever_other_work_does() -> None:
+    machine = Machine()
+    machine.others = 1.5
+    governor = ThreadGovernor((2, 1), machine.read)
+    picked = run(governor, FIRST_INTERVAL + 2, {2: 1.0, 1: 0.5})
+    assert 1 in picked
+    assert governor.current(32) == 1
+
+
+def test_an_unmeasured_machine_does_not_hold_tries_back() -> None:
+    machine = Machine()
+    machine.others = None
+    governor = ThreadGovernor((2, 1), machine.read)
+    run(governor, 100, {2: 0.5, 1: 1.0})
+    picked = run(governor, 600, {2: 10.0, 1: 1.0})
+    assert picked[1:].count(2) >= 2

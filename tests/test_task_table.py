@@ -13,8 +13,10 @@ from transformers.pipelines import REMOVED_TASKS
 
 from batching.models.parameters import Param
 from batching.models.source import ModelSource, ModelSourceError
+from batching.models.tasks.audio import ASR, CLASSIFY
 from batching.models.tasks.table import ALIASES, REMOVED, TASKS, resolve_task, served_tasks
 from batching.settings.cli import parse_settings
+from tests.support.audio import classifier_folder, ctc_folder
 from tests.support.tiny import encoder_folder, masked_folder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,6 +25,13 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(encoder_folder(tmp_path_factory.mktemp("table")))
+
+
+@pytest.fixture(scope="module")
+def audio_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The audio tasks check their folder at start (a feature extractor; CTC for speech)."""
+    root = tmp_path_factory.mktemp("table-audio")
+    return {ASR: str(ctc_folder(root)), CLASSIFY: str(classifier_folder(root))}
 
 
 def test_every_row_names_a_class_that_serves_it_and_its_parameters() -> None:
@@ -41,9 +50,9 @@ def test_the_table_keeps_transformers_own_hint_for_every_task_it_removed() -> No
             assert REMOVED[task][0] == hint, task
 
 
-def test_task_accepts_exactly_the_served_tasks(folder: str) -> None:
+def test_task_accepts_exactly_the_served_tasks(folder: str, audio_folders: dict[str, str]) -> None:
     for task in served_tasks():
-        source = ModelSource.parse(folder, task)
+        source = ModelSource.parse(audio_folders.get(task, folder), task)
         assert source.kind == "pipeline" and source.task == ALIASES.get(task, task)
     masked = str(masked_folder(Path(folder).parent))
     assert ModelSource.parse(masked, "sparse-embedding").kind == "sparse"

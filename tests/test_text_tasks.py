@@ -239,6 +239,10 @@ def test_bad_input_is_a_4xx_with_a_json_body_on_every_door(server: tuple[str, st
         f"{url}/models/mlm", json={"inputs": [MASKED[0]], "parameters": {"targets": [" "]}}
     )
     assert answer.status_code == 422 and "'targets'" in answer.json()["error"]
+    answer = httpx.post(
+        f"{url}/models/mlm", json={"inputs": [MASKED[0]], "parameters": {"top_k": 10_000}}
+    )
+    assert answer.status_code == 422 and "'top_k'" in answer.json()["error"]
     answer = httpx.post(f"{url}/models/tagger", json={"inputs": [{"text": 1}]})
     assert answer.status_code == 422 and "inputs[0]" in answer.json()["error"]
     body = {"inputs": [{"name": "text", "datatype": "INT64", "shape": [1], "data": [1]}]}
@@ -323,3 +327,15 @@ def test_items_whose_parameters_change_the_forward_pass_run_apart(folders: dict[
     model._neutral = frozenset()  # as if top_k changed the forward pass
     assert model.predict(items) == shared
     assert sorted(len(group) for group in runs) == [1, 2]
+
+
+def test_a_refused_parameter_value_never_fails_the_requests_batched_with_it(
+    server: tuple[str, str],
+) -> None:
+    url, _ = server
+    bodies = [{"inputs": [text], "parameters": {"top_k": 2}} for text in MASKED * 2]
+    bodies.append({"inputs": [MASKED[0]], "parameters": {"targets": [" "]}})
+    with httpx.Client(base_url=url, timeout=30) as client, ThreadPoolExecutor(9) as pool:
+        answers = list(pool.map(lambda body: client.post("/models/mlm", json=body), bodies))
+    assert [answer.status_code for answer in answers] == [200] * 8 + [422]
+    assert all(len(answer.json()["outputs"][0]) == 2 for answer in answers[:8])

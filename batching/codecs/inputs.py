@@ -4,8 +4,12 @@ A model with one input gets each item as a value (a text, a row of numbers). A m
 metadata declares several inputs gets each item as a dict of the inputs sent for it, by name:
 a text-pair classifier declares ``text`` and ``text_pair`` and gets
 ``{"text": a, "text_pair": b}``. An input described with ``"optional": true`` may be left out.
-The core never looks inside an item, so batches still count items, and split and re-join as
-they always do. Pure functions over the metadata dict: every door shares them.
+An input whose entry says ``"content": "image"`` (or ``"audio"``) is media: its value is
+``bytes``, decoded from base64 where the wire carries text (:mod:`.media`). A model whose
+inputs each say ``"exclusive": true`` takes exactly one of them per item (an image or a text,
+for a CLIP-style embedder). The core never looks inside an item, so batches still count items,
+and split and re-join as they always do. Pure functions over the metadata dict: every door
+shares them.
 """
 
 from __future__ import annotations
@@ -14,9 +18,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from batching.errors import UnprocessableInput
+from batching.errors import InvalidRequest, UnprocessableInput
 
-__all__ = ["InputSpec", "input_specs", "named_item", "required_names", "takes_pairs"]
+from .media import media_bytes, media_kind
+
+__all__ = [
+    "InputSpec",
+    "check_exclusive",
+    "input_specs",
+    "named_item",
+    "required_names",
+    "takes_pairs",
+]
 
 #: The inputs of a text-pair model (cross-encoder, NLI), as transformers names them.
 PAIR_INPUTS = ("text", "text_pair")
@@ -24,11 +37,15 @@ PAIR_INPUTS = ("text", "text_pair")
 
 @dataclass(frozen=True, slots=True)
 class InputSpec:
-    """One declared input: its name, its v2 datatype, and whether a request may omit it."""
+    """One declared input: its name, its v2 datatype, and whether a request may omit it;
+    ``content``, the media kind of a bytes input (None: text or numbers); ``exclusive``, an
+    item that sets it sets no other input."""
 
     name: str
     datatype: str = "BYTES"
     optional: bool = False
+    content: str | None = None
+    exclusive: bool = False
 
 
 def input_specs(metadata: Mapping[str, Any]) -> list[InputSpec]:
@@ -42,6 +59,8 @@ def input_specs(metadata: Mapping[str, Any]) -> list[InputSpec]:
                 name=str(tensor["name"]),
                 datatype=str(tensor.get("datatype", "BYTES")),
                 optional=bool(tensor.get("optional", False)),
+                content=media_kind(tensor),
+                exclusive=bool(tensor.get("exclusive", False)),
             )
         )
     return specs
@@ -91,9 +110,28 @@ def named_item(value: Any, specs: Sequence[InputSpec], where: str) -> dict[str, 
                 raise UnprocessableInput(f"{where} lacks the input {spec.name!r}")
             continue
         field = value[spec.name]
-        if spec.datatype == "BYTES" and not isinstance(field, str):
+        if spec.content is not None:
+            field = media_bytes(field, spec.content, f"{where}.{spec.name}")
+        elif spec.datatype == "BYTES" and not isinstance(field, str):
             raise UnprocessableInput(
                 f"{where}.{spec.name} is {type(field).__name__}; this input is text"
             )
         item[spec.name] = field
+    check_exclusive(item, specs, where)
     return item
+
+
+def check_exclusive(item: Mapping[str, Any], specs: Sequence[InputSpec], where: str) -> None:
+    """Refuse an item that sets more than one input, or none, of a model whose inputs are
+    exclusive (each item is one of them: an image or a text).
+
+    :raises InvalidRequest: naming the inputs.
+    """
+    if not any(spec.exclusive for spec in specs):
+        return
+    sent = [spec.name for spec in specs if item.get(spec.name) is not None]
+    if len(sent) != 1:
+        raise InvalidRequest(
+            f"{where} sets {', '.join(repr(name) for name in sent) or 'no input'}; each item of "
+            f"this model is exactly one of {_names(specs)}"
+        )

@@ -12,7 +12,10 @@ other key is a 400, never ignored. An embedding answer says which texts were cut
 ``curl -d "some text"`` sends ``application/x-www-form-urlencoded``; a user typing that means
 text. A body is therefore read as JSON when its content type says JSON, or when it has no
 content type (or curl's form type) and starts with ``{`` or ``[`` after whitespace; a body read
-as JSON that does not parse is a 400, never a text. Anything else is one text.
+as JSON that does not parse is a 400, never a text. Anything else is one text, except for a
+model with a media input (``"content": "image"`` in its metadata, :mod:`.media`): a raw body
+of that kind (``Content-Type: image/png``, or ``application/octet-stream``) is one item of
+bytes (:func:`media_request`), and a JSON body's items are base64.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from typing import Any
 
 import orjson
 
-from batching.errors import InvalidRequest, UnprocessableInput
+from batching.errors import InvalidRequest, NotReady, UnprocessableInput
 
 from .inputs import InputSpec, named_item
+from .media import media_body, media_bytes
 
 __all__ = [
     "SNIFFED_TYPES",
@@ -34,6 +38,7 @@ __all__ = [
     "check_texts",
     "encode_embeddings",
     "encode_outputs",
+    "media_request",
     "parse_inputs",
     "parse_request",
 ]
@@ -83,6 +88,28 @@ def parse_request(body: bytes, content_type: str) -> PlainRequest:
         return PlainRequest([body.decode("utf-8")])
     except UnicodeDecodeError:
         raise InvalidRequest("the request body is not valid UTF-8 text") from None
+
+
+def media_request(body: bytes, content_type: str, metadata: dict[str, Any]) -> PlainRequest | None:
+    """A raw media body as one item, for a model whose metadata declares a media input of the
+    body's kind: its bytes (a dict of them by input name for a model of several inputs);
+    None for a body the usual parse reads (:func:`parse_request`).
+
+    :raises InvalidRequest: a media body the model takes no input of, or an empty one.
+    :raises NotReady: a media body before the model has said what it takes.
+    """
+    entries = [entry for entry in metadata.get("inputs") or [] if isinstance(entry, dict)]
+    media_type = content_type.partition(";")[0].strip().lower()
+    if not entries:
+        if media_type.partition("/")[0] in ("image", "audio", "video"):
+            raise NotReady("the model is loading", retry_after=1.0)
+        return None
+    found = media_body(body, content_type, entries)
+    if found is None:
+        return None
+    name, kind = found
+    data = media_bytes(body, kind, "the request body")
+    return PlainRequest([data if len(entries) == 1 else {name: data}])
 
 
 def _load_json(body: bytes, sniffed: str | None = None) -> Any:
@@ -150,13 +177,22 @@ def check_inputs(inputs: list[Any], specs: Sequence[InputSpec]) -> list[Any]:
 
     With several inputs, every item is an object of them by name (``{"text": a,
     "text_pair": b}``; a lone text stands for the first input when the others are optional),
-    and becomes a dict of the inputs sent. With one text input, every item must be a string.
-    Otherwise the items pass as they are.
+    and becomes a dict of the inputs sent. With one media input (``"content": "image"``),
+    every item is base64 text (or bytes of a raw body) and becomes ``bytes``
+    (:mod:`.media`). With one text input, every item must be a string. Otherwise the items
+    pass as they are.
 
     :raises UnprocessableInput: naming the first item that does not fit.
+    :raises InvalidRequest: a media item that is not base64 (:func:`.media.media_bytes`).
     """
     if len(specs) > 1:
         return [named_item(item, specs, f"inputs[{index}]") for index, item in enumerate(inputs)]
+    if specs and specs[0].content is not None:
+        # A base64 text, or an object naming the input ({"image": "<base64>"}): bytes.
+        name = specs[0].name
+        return [
+            named_item(item, specs, f"inputs[{index}]")[name] for index, item in enumerate(inputs)
+        ]
     if specs and specs[0].datatype == "BYTES":
         return check_texts(inputs)
     return inputs

@@ -31,7 +31,7 @@ from batching.errors import (
 
 from .admission import Admission, Throughput
 from .config import BatchingConfig
-from .events import BatchEvents, NoEvents
+from .events import BatchEvents, BatchRun, NoEvents, RequestRun
 from .jobs import InstanceLost, Job, Pending, Request, RunBatch
 from .packing import LENGTH_SPREAD, Batch, inputs_of, longest, padded_tokens
 from .policy import BatchPolicy, Formation
@@ -110,11 +110,14 @@ class Batcher:
         tokens: list[int] | None = None,
         request_id: str = "",
         token_cap: int | None = None,
+        trace: object | None = None,
     ) -> Pending:
         """Admit ``items`` as one request and return the future of their outputs, in order.
 
         ``tokens`` are the items' token counts; ``token_cap`` (with them) caps the padded
         tokens of every batch the items run in, below the model's own token cap if it has one.
+        ``trace`` is the caller's trace context, opaque here: the events hand it back with
+        each batch that carried the request's items and when it is resolved.
 
         :raises PayloadTooLarge: more items than one request may carry.
         :raises NotReady: no instance is ready, or the server is draining.
@@ -160,6 +163,7 @@ class Batcher:
             unresolved=count,
             admitted=self.clock(),
             token_cap=token_cap,
+            trace=trace,
         )
         self.queue.put_nowait(Job(request, 0, count))
         self.queued_items += count
@@ -249,6 +253,15 @@ class Batcher:
             now - request.admitted,
             request.unresolved == 0,
         )
+        if request.trace is not None:
+            run = RequestRun(
+                queue_s=started - request.admitted,
+                batched_s=now - started,
+                compute_s=request.compute_s,
+                batches=request.batches,
+                ok=request.unresolved == 0,
+            )
+            self.events.request_ran(request.trace, run)
 
     async def _take(self) -> Job:
         while True:
@@ -397,8 +410,9 @@ class Batcher:
 
     # ----------------------------------------------------------- loop side: run and resolve
 
-    async def serve(self, run: RunBatch) -> None:
-        """The collector of one instance: form a batch, run it, resolve it; forever."""
+    async def serve(self, run: RunBatch, instance: str = "") -> None:
+        """The collector of one instance: form a batch, run it, resolve it; forever.
+        ``instance`` names the instance in the :class:`BatchRun` events."""
         loop = asyncio.get_running_loop()
         # When this instance's previous batch ended: if work was waiting for it from then on,
         # the span to this batch's end is one busy cycle, whose items per wall second
@@ -441,6 +455,13 @@ class Batcher:
                 self._batch_starts.remove(started)
                 self.running_items -= running
             self.events.batch_done(items, tokens, reason, queue_wait, compute_s)
+            traces = _traces_of(jobs)
+            if traces:
+                run_s = self.clock() - started_by_clock
+                batch = BatchRun(
+                    items, tokens, reason, instance, queue_wait, run_s, compute_s, traces
+                )
+                self.events.batch_ran(batch)
             ended = loop.time()
             self.throughput.observe_batch(ended - started)
             if learn and backlogged_since is not None:
@@ -520,6 +541,21 @@ class Batcher:
                 return
             job.request.fail(exc)
             self._report(job.request)
+
+
+def _traces_of(jobs: list[Job]) -> list[object]:
+    """The traces of the requests ``jobs`` belong to, once each, in order; each such request
+    counts one more batch."""
+    traces: list[object] = []
+    seen: set[int] = set()
+    for job in jobs:
+        request = job.request
+        if request.trace is None or id(request) in seen:
+            continue
+        seen.add(id(request))
+        request.batches += 1
+        traces.append(request.trace)
+    return traces
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:

@@ -4,9 +4,46 @@ it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["BatchEvents", "NoEvents"]
+__all__ = ["BatchEvents", "BatchRun", "NoEvents", "RequestRun"]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRun:
+    """One batch that ran, as told to :meth:`BatchEvents.batch_ran`: only for batches that
+    carried at least one traced request (a request submitted with a ``trace``)."""
+
+    #: Items and padded tokens (items x longest) the batch ran, and why it was released.
+    items: int
+    tokens: int
+    reason: str
+    #: The instance that ran it (its label), "" when the caller did not name it.
+    instance: str
+    #: Seconds the batch's oldest item waited; seconds from its start to its end (the wall
+    #: time the instance held it, transfers included); the model's compute seconds.
+    queue_wait: float
+    run_s: float
+    compute_s: float
+    #: The ``trace`` of every request whose items it carried (opaque to the core: whatever
+    #: the door passed to ``Batcher.submit``), once each, in the batch's order.
+    traces: Sequence[object]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRun:
+    """How a traced request went in the batcher, as told to :meth:`BatchEvents.request_ran`:
+    seconds queued (until its first batch started), in batches (from then until it was
+    resolved) and computed (the model's compute of every batch it ran in), and in how many
+    batches; ``ok`` as in :meth:`BatchEvents.request_done`."""
+
+    queue_s: float
+    batched_s: float
+    compute_s: float
+    batches: int
+    ok: bool
 
 
 class BatchEvents(Protocol):
@@ -27,6 +64,14 @@ class BatchEvents(Protocol):
 
     def dropped(self, reason: str, items: int) -> None: ...
 
+    def batch_ran(self, batch: BatchRun) -> None:
+        """A batch that carried traced requests ran (after :meth:`batch_done`)."""
+        ...
+
+    def request_ran(self, trace: object, run: RequestRun) -> None:
+        """A request submitted with ``trace`` is resolved (with :meth:`request_done`)."""
+        ...
+
 
 class NoEvents:
     """Discards every event."""
@@ -43,4 +88,10 @@ class NoEvents:
         return None
 
     def dropped(self, reason: str, items: int) -> None:
+        return None
+
+    def batch_ran(self, batch: BatchRun) -> None:
+        return None
+
+    def request_ran(self, trace: object, run: RequestRun) -> None:
         return None

@@ -60,6 +60,11 @@ class Request:
     #: A cap on the padded tokens (items x longest) of every batch its items run in, under
     #: the model's own token cap; None: the model's cap alone. Needs ``tokens``.
     token_cap: int | None = None
+    #: The caller's trace context, opaque to the core (None: not traced); handed back in
+    #: :class:`~batching.core.events.BatchRun` and :meth:`BatchEvents.request_ran`.
+    trace: object | None = None
+    #: Batches it ran in (traced requests only).
+    batches: int = 0
 
     def settle(self, start: int, outputs: Outputs) -> None:
         """Store the outputs of items ``start...``; resolve the future once all are in."""

@@ -17,7 +17,13 @@ from batching.codecs.embed_options import (
 from batching.codecs.embedding import run_embedding
 from batching.codecs.inputs import input_specs
 from batching.codecs.openai import is_embedding_model
-from batching.codecs.plain import check_inputs, encode_embeddings, encode_outputs, parse_request
+from batching.codecs.plain import (
+    check_inputs,
+    encode_embeddings,
+    encode_outputs,
+    media_request,
+    parse_request,
+)
 from batching.codecs.sparse import check_truncation, options_request, serves_sparse, sparse_items
 from batching.codecs.task_parameters import declares_parameters, task_items
 from batching.errors import InvalidRequest, NotReady
@@ -55,7 +61,10 @@ def plain_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
         with recorded(plane, deployment) as outcome:
             deadline = plane.deadline(deployment, timeout_of(request))
             body = await read_body(request, max_body_bytes)
-            parsed = parse_request(body, request.headers.get("content-type", ""))
+            content_type = request.headers.get("content-type", "")
+            parsed = media_request(body, content_type, deployment.metadata) or parse_request(
+                body, content_type
+            )
             inputs = check_inputs(parsed.inputs, input_specs(deployment.metadata))
             if parsed.options and serves_sparse(deployment.metadata):
                 # A sparse model's options: its items, and the 413 of truncate: false.

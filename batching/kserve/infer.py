@@ -23,7 +23,7 @@ from batching.codecs.embed_options import (
     read_options,
 )
 from batching.codecs.embedding import EmbedAnswer
-from batching.codecs.inputs import InputSpec, input_specs, required_names
+from batching.codecs.inputs import InputSpec, check_exclusive, input_specs, required_names
 from batching.codecs.multivector import TokenAnswer, token_options, token_plan
 from batching.codecs.openai import is_embedding_model
 from batching.codecs.plain import check_texts
@@ -34,6 +34,7 @@ from batching.errors import InvalidRequest, NotReady, UnprocessableInput
 from batching.runtime.deployment import Deployment
 
 from .describe import input_names, output_names
+from .media import media_rows
 from .multivector import asks_tokens, token_output_names, token_tensors
 from .sparse import is_sparse, sparse_items_of, sparse_tensors
 from .tensors import InferRequest, InferTensor, rows_from_tensor, tensor_from_rows
@@ -95,8 +96,12 @@ def items_of(deployment: Deployment, request: InferRequest) -> list[Any]:
     :raises UnprocessableInput: a text input sent as something other than BYTES.
     """
     specs = input_specs(deployment.metadata)
+    items: list[Any]
     if len(specs) > 1:
         items = _named_items(deployment, request, specs)
+    elif specs and specs[0].content is not None:
+        # One media input: bytes per item (raw, or base64 in JSON), never text.
+        items = list(media_rows(_single_tensor(deployment, request), specs[0].content))
     else:
         options = {
             key: value
@@ -114,7 +119,8 @@ def items_of(deployment: Deployment, request: InferRequest) -> list[Any]:
     return items
 
 
-def _single_items(deployment: Deployment, request: InferRequest) -> list[Any]:
+def _single_tensor(deployment: Deployment, request: InferRequest) -> InferTensor:
+    """The one input tensor of a model with one input, checked by name."""
     expected = input_names(deployment)
     if len(request.inputs) != 1:
         raise InvalidRequest(
@@ -128,6 +134,11 @@ def _single_items(deployment: Deployment, request: InferRequest) -> list[Any]:
             f"unexpected inference input {tensor.name!r} for model "
             f"{deployment.name!r}; it takes {expected[0]!r}"
         )
+    return tensor
+
+
+def _single_items(deployment: Deployment, request: InferRequest) -> list[Any]:
+    tensor = _single_tensor(deployment, request)
     items = rows_from_tensor(tensor)
     if not items:
         raise InvalidRequest(f"input {tensor.name!r} has no items")
@@ -155,6 +166,9 @@ def _named_items(
             )
         if tensor.name in columns:
             raise InvalidRequest(f"input {tensor.name!r} is sent twice")
+        if spec.content is not None:
+            columns[tensor.name] = list(media_rows(tensor, spec.content))
+            continue
         if spec.datatype == "BYTES" and tensor.datatype != "BYTES":
             raise UnprocessableInput(
                 f"input {tensor.name!r} of model {deployment.name!r} is BYTES (text), "
@@ -187,7 +201,10 @@ def _named_items(
     if not count:
         raise InvalidRequest("the inputs have no items")
     names = [spec.name for spec in specs if spec.name in columns]
-    return [{name: columns[name][index] for name in names} for index in range(count)]
+    items = [{name: columns[name][index] for name in names} for index in range(count)]
+    for index, item in enumerate(items):
+        check_exclusive(item, specs, f"item {index}")
+    return items
 
 
 def task_items_of(

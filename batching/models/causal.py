@@ -16,7 +16,7 @@ import logging
 from typing import Any, ClassVar
 
 import torch
-import transformers
+from transformers.models.auto.modeling_auto import AutoModelForCausalLM
 
 from .decoding import DecodeBatch, check_cache
 from .generation import MAX_NEW_TOKENS_CAP, Settings, cut_at_stop
@@ -32,7 +32,7 @@ logger = logging.getLogger("batching")
 class TextGenerator(Generator):
     """text-generation from a local decoder-only model folder."""
 
-    auto_class: ClassVar[Any] = transformers.AutoModelForCausalLM
+    auto_class: ClassVar[Any] = AutoModelForCausalLM
     answer_key: ClassVar[str] = "generated_text"
 
     def positions(self) -> int:

@@ -15,7 +15,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-import transformers
+
+# The auto classes from their own modules, not through transformers' lazy top-level module:
+# instances load on threads of their own, and two threads asking the lazy module for a name at
+# once can see it missing.
+from transformers.models.auto.configuration_auto import AutoConfig
+from transformers.models.auto.modeling_auto import AutoModelForCausalLM
+from transformers.models.auto.tokenization_auto import AutoTokenizer
 
 from batching.errors import PayloadTooLarge, UnprocessableInput
 
@@ -64,7 +70,7 @@ class Generator:
     """
 
     #: The transformers class that loads the folder.
-    auto_class: ClassVar[Any] = transformers.AutoModelForCausalLM
+    auto_class: ClassVar[Any] = AutoModelForCausalLM
     #: The answer's key (``{"generated_text": ...}``).
     answer_key: ClassVar[str] = "generated_text"
 
@@ -77,7 +83,7 @@ class Generator:
             raise ValueError(f"model folder {str(self.path)!r} does not exist")
         self.name = self.path.resolve().name
         self.engine = engine
-        self.config: Any = transformers.AutoConfig.from_pretrained(str(self.path))
+        self.config: Any = AutoConfig.from_pretrained(str(self.path))
         self._model: Any = None
         self._tokenizer: Any = None
         self._device = torch.device("cpu")
@@ -131,7 +137,7 @@ class Generator:
 
     def load(self, device: str) -> None:
         self._device = resolve_device(device)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.path))
+        tokenizer = AutoTokenizer.from_pretrained(str(self.path))
         self.prepare_tokenizer(tokenizer)
         with WEIGHTS_LOADING:
             model = self.auto_class.from_pretrained(str(self.path), dtype=torch.float32)

@@ -286,6 +286,13 @@ class PipelineModel:
         neutral = {key: value for key, value in given.items() if key in self._neutral}
         if not neutral:
             return {}
+        if self.task == "fill-mask":
+            vocabulary = len(self._tokenizer)
+            if neutral.get("top_k", 0) > vocabulary:
+                # The pipeline would fail the whole batch (torch's topk past the end).
+                raise UnprocessableInput(
+                    f"parameter 'top_k' must be at most {vocabulary}, this model's vocabulary"
+                )
         try:
             _, _, postprocess = self._pipeline._sanitize_parameters(**neutral)
         except (ValueError, KeyError, PipelineException) as exc:

@@ -108,7 +108,12 @@ class ModelBase:
         type with a fixed shape lets the "zero" and "random" warm-ups generate inputs.
 
         Several inputs make every item a dict of them by name; an input described with
-        ``"optional": True`` may be left out of a request (and of its items). A model whose
+        ``"optional": True`` may be left out of a request (and of its items). An input described
+        with ``"content": "image"`` (or ``"audio"``) is media: every door hands the model
+        its ``bytes`` (a raw body, base64, v2 BYTES; never a path or a URL), and the data
+        plane refuses an image that is too large (413) or undecodable (400) before it is
+        queued. Inputs described with ``"exclusive": True`` are one per item: each item sets
+        exactly one of them (a text or an image). A model whose
         inputs are ``text`` and ``text_pair`` (BYTES) is a text-pair model, served by
         ``/v1/rerank`` too; it may list its ``labels`` (top level, in the order of its
         logits) so that the relevance of a ``{"label", "score"}`` output can be read (see

@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
-import transformers
+from transformers.models.auto.modeling_auto import AutoModelForSeq2SeqLM
 
 from .generation import MAX_NEW_TOKENS_CAP, Settings
 from .generator import Generator, Prompt
@@ -47,7 +47,7 @@ _NOT_GENERATION = frozenset({"prefix", "max_length"})
 class Seq2SeqGenerator(Generator):
     """An encoder-decoder task from a local model folder."""
 
-    auto_class: ClassVar[Any] = transformers.AutoModelForSeq2SeqLM
+    auto_class: ClassVar[Any] = AutoModelForSeq2SeqLM
 
     def __init__(self, task: str, *args: Any, **kwargs: Any) -> None:
         pair = pair_of(task)

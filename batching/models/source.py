@@ -21,6 +21,7 @@ from .engines.options import EngineOptions
 from .prompts import PromptConfigError, PromptOptions, read_prompts
 from .protocol import Model
 from .splade import SPARSE_TASK, is_sparse_folder, read_layout
+from .tasks.audio import AUDIO_TASKS, DEFAULT_MAX_SECONDS, check_audio_folder
 from .tasks.table import UnknownTask, resolve_task, row_of
 
 __all__ = [
@@ -94,6 +95,11 @@ class ModelSource:
                     "that holds the model's config.json and weights"
                 )
             if task is not None:
+                if task in AUDIO_TASKS:
+                    try:
+                        check_audio_folder(path, task)
+                    except ValueError as exc:
+                        raise ModelSourceError(str(exc)) from None
                 return cls("pipeline", str(path.resolve()), task)
             if (path / "modules.json").is_file():
                 return cls("sentence-transformers", str(path.resolve()))
@@ -165,7 +171,11 @@ class ModelSource:
         read_prompts(folder, prompt, self.default_name)
 
     def build(
-        self, engine: EngineOptions | None = None, prompt: PromptOptions | None = None
+        self,
+        engine: EngineOptions | None = None,
+        prompt: PromptOptions | None = None,
+        *,
+        max_audio_seconds: float = DEFAULT_MAX_SECONDS,
     ) -> Model:
         """A new, unloaded model object (once per instance start, on its thread or process).
 
@@ -173,6 +183,7 @@ class ModelSource:
             of the user's runs its own code.
         :param prompt: the default prompt override of a sentence embedder (checked by
             :meth:`check_prompts` at start-up).
+        :param max_audio_seconds: the longest audio an audio task's input may hold.
 
         :raises ModelSourceError: when the class cannot be built with no arguments or lacks
             ``load`` and ``predict``, or the task is unknown.
@@ -188,7 +199,9 @@ class ModelSource:
         if self.kind == "pipeline":
             assert self.location is not None and self.task is not None
             serving = row_of(self.task).server_class()
-            model: Model = serving(self.task, self.location, engine=engine)
+            # The audio tasks' models enforce the length limit on samples sent as numbers.
+            limits = {"max_seconds": max_audio_seconds} if self.task in AUDIO_TASKS else {}
+            model: Model = serving(self.task, self.location, engine=engine, **limits)
             return model
         from .sentence import SentenceEmbedder
 

@@ -267,7 +267,7 @@ class Deployment:
             try:
                 if self._on_ready is not None:
                     self._on_ready(self, index, info)
-                await self.batcher.serve(instance.run)
+                await self.batcher.serve(instance.run, label)
             except InstanceLost as exc:
                 logger.error("model %s instance %d died (%s); restarting", self.name, index, exc)
             finally:

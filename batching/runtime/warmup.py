@@ -244,7 +244,13 @@ def load_and_warm(
             "inputs of its own kind before it reports ready"
         )
     if plan.parameters and batches and batches[0]:
-        batches.append([TaskItem(batches[0][0], plan.parameters)])
+        first = batches[0][0]
+        if isinstance(first, TaskItem):
+            # A sample with parameters of its own (a short generation): the defaults win.
+            merged = {**dict(first.parameters), **dict(plan.parameters)}
+            batches.append([TaskItem(first.input, tuple(sorted(merged.items())))])
+        else:
+            batches.append([TaskItem(first, plan.parameters)])
     if on_loaded is not None:
         on_loaded(Loaded(loaded - started, len(batches)))
     for number, batch in enumerate(batches, 1):

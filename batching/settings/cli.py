@@ -17,10 +17,13 @@ from batching.models.engines.options import (
     EngineConfigError,
     default_cache_dir,
 )
+from batching.models.media import DEFAULT_MAX_IMAGE_PIXELS
 from batching.models.prompts import PromptConfigError
 from batching.models.source import ModelSource, ModelSourceError
+from batching.models.tasks.audio import DEFAULT_MAX_SECONDS
 from batching.runtime.cpus import CpuBudget, read_cpu_budget
 from batching.tls import CLIENT_CERT_MODES, TlsConfig, TlsError, load_certificates
+from batching.tracing.config import TracingConfig, TracingConfigError, tracing_config
 
 from .repository import RepositoryError, load_repository
 
@@ -67,6 +70,8 @@ class ServerSettings:
     cors_allow_origins: tuple[str, ...] = ()
     #: A second listener on ``host`` for ``/metrics`` and the probes; None: the main port.
     metrics_port: int | None = None
+    #: OpenTelemetry traces (``--otlp-endpoint``, ``OTEL_*``); None: off.
+    tracing: TracingConfig | None = None
 
 
 def torch_threads_for(models: Sequence[ModelConfig], cores: int, asked: str) -> int:
@@ -276,6 +281,20 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     parser.flag(
         "--max-body-bytes", default=1 << 20, type=int, help="largest request body (413 beyond)"
     )
+    parser.flag(
+        "--max-image-pixels",
+        default=DEFAULT_MAX_IMAGE_PIXELS,
+        type=int,
+        help="image inputs: most pixels (width x height) an image may have, read from its "
+        "header before it is decoded (413 beyond)",
+    )
+    parser.flag(
+        "--max-audio-seconds",
+        default=DEFAULT_MAX_SECONDS,
+        type=float,
+        help="audio inputs: the longest audio in seconds, read from a file's header before it "
+        "is decoded (413 beyond)",
+    )
     limits = ConnectionLimits()
     parser.flag(
         "--header-timeout-s",
@@ -435,6 +454,25 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="serve /metrics (and the health probes) on this port of --host instead of the "
         "main port, so it can be firewalled apart (default: /metrics on the main port)",
     )
+    parser.flag(
+        "--otlp-endpoint",
+        help="send OpenTelemetry traces to this OTLP collector: http://HOST:4318 (OTLP/HTTP, "
+        "/v1/traces added when the URL has no path) or grpc://HOST:4317 (gRPC); unset: "
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT, else tracing is "
+        "off (docs/tracing.md)",
+    )
+    parser.flag(
+        "--otlp-protocol",
+        help="grpc or http/protobuf (default: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, "
+        "OTEL_EXPORTER_OTLP_PROTOCOL, else the endpoint's scheme: grpc:// or port 4317 is "
+        "gRPC, http(s):// is OTLP/HTTP)",
+    )
+    parser.flag(
+        "--trace-rate",
+        help="the fraction of new traces kept, 0 to 1; a request whose traceparent says "
+        "sampled or not is kept or not as its caller decided (default: OTEL_TRACES_SAMPLER "
+        "and OTEL_TRACES_SAMPLER_ARG, else 1: every request)",
+    )
     parser.flag("--log-level", default="info", help="debug, info, warning or error")
     parser.flag(
         "--log-format", default="text", choices=("text", "json"), help="log lines as text or JSON"
@@ -535,6 +573,8 @@ def parse_settings(
             precision=str(args.precision),
             engine_cache=args.engine_cache or None,
             truncate=not args.no_truncate,
+            max_image_pixels=int(args.max_image_pixels),
+            max_audio_seconds=float(args.max_audio_seconds),
             default_prompt_name=args.default_prompt_name,
             default_prompt=args.default_prompt,
         )
@@ -603,6 +643,12 @@ def parse_settings(
             f"--metrics-port must be a port number other than --port and --grpc-port: "
             f"{metrics_port}"
         )
+    try:
+        tracing = tracing_config(
+            args.otlp_endpoint, args.otlp_protocol, args.trace_rate, environment
+        )
+    except TracingConfigError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     return ServerSettings(
         host=str(args.host),
         port=int(args.port),
@@ -622,4 +668,5 @@ def parse_settings(
         api_keys=api_keys,
         cors_allow_origins=origins,
         metrics_port=metrics_port,
+        tracing=tracing,
     )

@@ -50,6 +50,8 @@ _TOP_KEYS = (
     "engine",
     "precision",
     "truncate",
+    "max_image_pixels",
+    "max_audio_seconds",
     "default_prompt_name",
     "default_prompt",
     "parameters",
@@ -116,6 +118,8 @@ def model_from_table(
     engine = top.choice("engine", ENGINES, base.engine)
     precision = top.choice("precision", PRECISIONS, base.precision)
     truncate = _truncate(top, base.truncate)
+    max_image_pixels = top.integer("max_image_pixels", base.max_image_pixels)
+    max_audio_seconds = top.number("max_audio_seconds", base.max_audio_seconds, positive=True)
     prompt_name, prompt = _prompt(top, base)
     parameters = _parameters(top, task)
     top.finish(_TOP_KEYS)
@@ -136,6 +140,8 @@ def model_from_table(
             precision=precision,
             engine_cache=base.engine_cache,
             truncate=truncate,
+            max_image_pixels=max_image_pixels,
+            max_audio_seconds=max_audio_seconds,
             default_prompt_name=prompt_name,
             default_prompt=prompt,
             parameters=parameters,

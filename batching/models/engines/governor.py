@@ -10,6 +10,11 @@ tries another one on a real batch. A try that turns out cheaper switches at once
 does not waits twice as long before the next (and longer the dearer the try was), so on a
 machine whose answer does not change the tries cost almost nothing.
 
+A try of more threads than the cores other work left free is not made: it would run ten times
+as long, past its requests' deadlines (a storm of connections keeps the event loop on one of
+two cores). Given a meter of that other work (:mod:`.contention`), the governor waits until
+the cores are free again and tries then.
+
 Cost is seconds per token (the batch's items times its padded length), compared only between
 batches of similar size (a power-of-two bucket), since a batch of one costs more per token
 than a batch of 32 whatever the threads. Pure arithmetic: the clock is the caller's.
@@ -18,6 +23,7 @@ than a batch of 32 whatever the threads. Pure arithmetic: the clock is the calle
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -41,6 +47,8 @@ GAP_PER_COST = 32
 MARGIN = 0.1
 #: Weight of the newest batch in a choice's smoothed cost.
 SMOOTHING = 0.3
+#: Cores of other work a try of more threads tolerates beyond those its team leaves free.
+CROWDING = 0.5
 
 
 def thread_choices(budget: int) -> tuple[int, ...]:
@@ -61,13 +69,23 @@ class ThreadGovernor:
     """Picks the thread count of each batch and learns from how long it took.
 
     :param choices: thread counts, largest first (the first is where every size starts).
+    :param others: cores other work has used lately (:meth:`.contention.Contention.others`);
+        asked only when a try of more threads is due. None: tries are never held back.
     """
 
-    def __init__(self, choices: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        choices: tuple[int, ...],
+        others: Callable[[], float | None] | None = None,
+    ) -> None:
         if not choices or any(count < 1 for count in choices):
             raise ValueError(f"thread choices must be positive, not {choices}")
         self.choices = choices
+        self._others = others
+        self._budget = max(choices)
         self._buckets: dict[int, _Bucket] = {}
+        #: Tries held back because other work kept the cores a larger team needs.
+        self.held_back = 0
 
     @property
     def adaptive(self) -> bool:
@@ -79,8 +97,22 @@ class ThreadGovernor:
         if not self.adaptive:
             return bucket.current
         if bucket.since_try >= bucket.interval:
-            return self._other(bucket)
+            others = [count for count in self.choices if count != bucket.current]
+            candidate = others[bucket.next_try % len(others)]
+            if candidate > bucket.current and self._crowded(candidate):
+                # Due, but it would run on cores that are not free: try when they are.
+                self.held_back += 1
+                return bucket.current
+            bucket.next_try += 1
+            return candidate
         return bucket.current
+
+    def _crowded(self, threads: int) -> bool:
+        """Whether other work lately used cores a team of ``threads`` would need."""
+        if self._others is None:
+            return False
+        used = self._others()
+        return used is not None and used > self._budget - threads + CROWDING
 
     def observe(self, items: int, tokens: int, threads: int, seconds: float) -> None:
         """A batch of ``items`` items and ``tokens`` tokens took ``seconds`` on ``threads``."""
@@ -141,9 +173,3 @@ class ThreadGovernor:
             start = self.choices[0] if nearest is None else self._buckets[nearest].current
             bucket = self._buckets[key] = _Bucket(current=start)
         return bucket
-
-    def _other(self, bucket: _Bucket) -> int:
-        others = [count for count in self.choices if count != bucket.current]
-        count = others[bucket.next_try % len(others)]
-        bucket.next_try += 1
-        return count

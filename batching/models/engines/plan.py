@@ -42,20 +42,25 @@ class EnginePlan:
         self.governor: ThreadGovernor | None = None
         self._threaded: list[Mapping[int, Runner]] = []
         self._clock: Callable[[], float] = time.perf_counter
+        self._ran: Callable[[int, float], None] | None = None
 
     def adapt_threads(
         self,
         governor: ThreadGovernor,
         build: Callable[[str, int], Runner],
         clock: Callable[[], float] = time.perf_counter,
+        ran: Callable[[int, float], None] | None = None,
     ) -> None:
         """Give every variant a runner per thread count of ``governor`` (``build(name, n)``)
-        and let the governor pick among them per batch, timed with ``clock``."""
+        and let the governor pick among them per batch, timed with ``clock``; ``ran(threads,
+        seconds)`` hears of every batch (the meter of other work the governor asks, which must
+        not count the batches' own threads)."""
         self._threaded = [
             {count: build(name, count) for count in governor.choices} for name in self._names
         ]
         self.governor = governor
         self._clock = clock
+        self._ran = ran
 
     def __call__(self, inputs: Mapping[str, Any]) -> Any:
         size = len(next(iter(inputs.values())))
@@ -71,7 +76,10 @@ class EnginePlan:
         runner = self._threaded[index][threads]
         started = self._clock()
         output = runner(inputs)
-        governor.observe(size, _tokens(inputs, size), threads, self._clock() - started)
+        seconds = self._clock() - started
+        governor.observe(size, _tokens(inputs, size), threads, seconds)
+        if self._ran is not None:
+            self._ran(threads, seconds)
         return output
 
     def describe(self) -> dict[str, Any]:
@@ -81,6 +89,7 @@ class EnginePlan:
             described["threads"] = {
                 "choices": list(self.governor.choices),
                 "by_batch_size": self.governor.describe(),
+                "tries_held_back": self.governor.held_back,
             }
         return described
 

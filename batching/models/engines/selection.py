@@ -25,6 +25,7 @@ import numpy as np
 from . import torch_engine
 from .accuracy import compare
 from .cache import EngineCache, ExportFailed
+from .contention import Contention
 from .decision import REFERENCE, Decision, Measurement, Route, decide, variant_name
 from .governor import ThreadGovernor, thread_choices
 from .measure import items_per_second, resident_mb
@@ -187,7 +188,9 @@ def _adapt_threads(
         threaded: Runner = torch_engine.on_threads(runner, count)
         return threaded
 
-    plan.adapt_threads(ThreadGovernor(choices), build)
+    contention = Contention.for_budget(budget)
+    governor = ThreadGovernor(choices, contention.others if contention is not None else None)
+    plan.adapt_threads(governor, build, ran=contention.ran if contention is not None else None)
     logger.info(
         "model %s: batches run on %s threads, whichever measures faster for their size",
         job.options.model_name,

@@ -40,6 +40,8 @@ PIPELINE = "batching.models.pipeline:PipelineModel"
 #: What serves the generating tasks: the model's own generate, batched.
 TEXT_GENERATOR = "batching.models.causal:TextGenerator"
 SEQ2SEQ_GENERATOR = "batching.models.seq2seq:Seq2SeqGenerator"
+#: What serves the audio tasks: the feature extractor and the model, batched.
+AUDIO = "batching.models.audio:AudioModel"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +85,16 @@ TASKS: dict[str, Task] = {
     "summarization": Task(SEQ2SEQ_GENERATOR, "generation:SUMMARIZATION"),
     "translation": Task(SEQ2SEQ_GENERATOR, "generation:TRANSLATION"),
     "text2text-generation": Task(SEQ2SEQ_GENERATOR, "generation:TEXT2TEXT_GENERATION"),
-    # Images.
-    # Audio.
+    # Images: bytes in, never a path or URL (batching/models/images.py, clip.py).
+    "image-classification": Task(
+        "batching.models.images:ImageClassifier", "images:IMAGE_CLASSIFICATION"
+    ),
+    "image-text-embedding": Task(
+        "batching.models.clip:ImageTextEmbedder", "images:IMAGE_TEXT_EMBEDDING"
+    ),
+    # Audio, decoded from WAV/FLAC bytes or taken as samples (batching/models/audio.py).
+    "audio-classification": Task(AUDIO, "audio:AUDIO_CLASSIFICATION"),
+    "automatic-speech-recognition": Task(AUDIO, "audio:AUTOMATIC_SPEECH_RECOGNITION"),
 }
 
 #: Other names transformers gives a served task.

@@ -1,0 +1,147 @@
+"""image-classification from a local model folder: image bytes in, labels and scores out.
+
+The model's metadata declares its one input as image bytes (``"content": "image"``), so every
+door hands it ``bytes`` (a raw ``image/*`` body, base64, KServe v2 BYTES) and the data plane
+has checked each image's size and that it decodes before it is queued
+(:mod:`batching.models.media`). Nothing here opens a path or fetches a URL: the bytes are
+decoded with Pillow (:mod:`.imaging`) and only then given to the pipeline's own steps.
+
+A batch is decoded and preprocessed one image at a time (the image processor resizes each to
+the model's size, so only one full-size image is held at once), stacked, and run through the
+model in one forward pass; each image's logits then go through the pipeline's own
+``postprocess``, so an answer equals ``transformers.pipeline("image-classification")`` for the
+same image. Runs on torch fp32 (the engine checks refuse other engines and precisions for
+this task at start-up).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from ._torch import WEIGHTS_LOADING, resolve_device
+from .engines.options import EngineOptions
+from .imaging import decode_image, sample_png
+from .parameters import PARAMETERS_KEY, TaskItem
+from .protocol import warmup_batches
+from .tasks.images import IMAGE_CLASSIFICATION as PARAMETERS
+from .tasks.images import TOP_K
+
+__all__ = ["IMAGE_CLASSIFICATION", "ImageClassifier", "image_inputs", "image_of"]
+
+IMAGE_CLASSIFICATION = "image-classification"
+
+
+def image_of(item: Any, name: str = "image") -> bytes:
+    """The image bytes of one item: bytes, a dict holding them under ``name``, or either in a
+    :class:`TaskItem`.
+
+    :raises TypeError: anything else (a path or URL string is never taken)."""
+    value = item.input if isinstance(item, TaskItem) else item
+    if isinstance(value, dict):
+        value = value.get(name)
+    if not isinstance(value, bytes):
+        raise TypeError(f"an image input is bytes, not {type(value).__name__}")
+    return value
+
+
+def image_inputs(image_processor: Any, images: list[bytes], device: torch.device) -> Any:
+    """The processor's tensors for ``images``, decoded and processed one at a time (at most
+    one full-size image in memory), stacked into one batch on ``device``."""
+    parts: dict[str, list[torch.Tensor]] = {}
+    for data in images:
+        processed = image_processor(images=decode_image(data), return_tensors="pt")
+        for key, tensor in processed.items():
+            parts.setdefault(key, []).append(tensor)
+    return {key: torch.cat(tensors).to(device) for key, tensors in parts.items()}
+
+
+def _function(name: str | None) -> Any:
+    """The pipeline's ``ClassificationFunction`` named ``name``; None: the model decides."""
+    if name is None:
+        return None
+    from transformers.pipelines.image_classification import ClassificationFunction
+
+    return ClassificationFunction(name)
+
+
+class ImageClassifier:
+    """``image-classification``: one ``[{"label", "score"}, ...]`` list per image, best first.
+
+    :param task: ``image-classification`` (the task table builds every task's model alike).
+    :param path: the model folder (config, weights and the image processor's config).
+    :param engine: torch fp32 is the only engine of this task (the start-up checks refuse
+        another), so it is not read.
+    """
+
+    def __init__(
+        self,
+        task: str = IMAGE_CLASSIFICATION,
+        path: str | os.PathLike[str] = "",
+        engine: EngineOptions | None = None,
+    ) -> None:
+        if task != IMAGE_CLASSIFICATION:
+            raise ValueError(f"ImageClassifier serves {IMAGE_CLASSIFICATION}, not {task!r}")
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise ValueError(f"model folder {str(self.path)!r} does not exist")
+        self._pipeline: Any = None
+        self._device = torch.device("cpu")
+
+    def load(self, device: str) -> None:
+        self._device = resolve_device(device)
+        with WEIGHTS_LOADING:
+            pipe: Any = transformers.pipeline(
+                "image-classification", model=str(self.path), device=self._device
+            )
+        if getattr(pipe, "image_processor", None) is None:
+            raise ValueError(
+                f"{self.path} has no image processor (preprocessor_config.json): save the "
+                "model's image processor beside its weights"
+            )
+        pipe.model.eval()
+        self._pipeline = pipe
+
+    def predict(self, inputs: list[Any]) -> list[Any]:
+        pipe = self._pipeline
+        if pipe is None:
+            raise RuntimeError("ImageClassifier.predict called before load()")
+        if not inputs:
+            return []
+        batch = image_inputs(
+            pipe.image_processor, [image_of(item) for item in inputs], self._device
+        )
+        with torch.inference_mode():
+            logits = pipe.model(**batch).logits.float().cpu()
+        outputs = []
+        for index, item in enumerate(inputs):
+            # Both parameters change the post-processing alone: one forward pass for all.
+            options = dict(item.parameters) if isinstance(item, TaskItem) else {}
+            answer = pipe.postprocess(
+                {"logits": logits[index : index + 1]},
+                top_k=options.get(TOP_K.name, TOP_K.default),
+                function_to_apply=_function(options.get("function_to_apply")),
+            )
+            outputs.append([{"label": str(a["label"]), "score": float(a["score"])} for a in answer])
+        return outputs
+
+    def warmup_inputs(self, max_batch_size: int) -> list[list[Any]]:
+        """A generated image at batch 1 and at the cap: decoded, processed and classified
+        before the instance reports ready."""
+        return warmup_batches(sample_png(), max_batch_size)
+
+    def metadata(self) -> dict[str, Any]:
+        described: dict[str, Any] = {
+            "inputs": [{"name": "image", "datatype": "BYTES", "shape": [-1], "content": "image"}],
+            # A list of {"label", "score"} per image, as JSON text.
+            "outputs": [{"name": "output", "datatype": "BYTES", "shape": [-1]}],
+            PARAMETERS_KEY: {param.name: param.describe() for param in PARAMETERS},
+        }
+        if self._pipeline is not None:
+            id2label = self._pipeline.model.config.id2label or {}
+            described["labels"] = [str(id2label[index]) for index in sorted(id2label)]
+        return described
