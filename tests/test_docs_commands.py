@@ -129,6 +129,12 @@ RULES: tuple[Rule, ...] = (
         "README's task examples ask models the quick start does not serve: "
         "tests/test_text_tasks.py sends each of these bodies to a served model of its task",
     ),
+    Rule(
+        r"curl -sN? 127\.0\.0\.1:8000/(v1/(chat/)?completions|v2/models/my-gpt2/generate)",
+        "skip",
+        "README's streaming examples ask a text-generation model the quick start does not serve: "
+        "tests/test_streaming_doors.py sends these bodies to a served one",
+    ),
     Rule(r"curl ", "client"),
     # README, "API keys, CORS and the metrics port": a key file, and a server that asks for it.
     Rule(r"printf 'sk-first\\nsk-second\\n' > keys && chmod 600 keys$", "setup"),
@@ -666,7 +672,8 @@ def prepare(rule: Rule, workspace: Workspace, where: Path) -> None:
             "tiny.sentence_folder(root, 'my-sentence-model'); "
             "tiny_tasks.token_classifier_folder(root, 'my-tagger'); "
             "bert = tiny.encoder_folder(root, 'my-bert'); "
-            "transformers.BertForMaskedLM(tiny.bert_config()).save_pretrained(bert)"
+            "transformers.BertForMaskedLM(tiny.bert_config()).save_pretrained(bert); "
+            "from tests.support import generators; generators.gpt2_folder(root, 'my-gpt2')"
         )
         done = subprocess.run(
             [sys.executable, "-c", script, str(ROOT)],
