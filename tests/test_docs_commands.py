@@ -219,6 +219,12 @@ RULES: tuple[Rule, ...] = (
         "a benchmark: the docs' figures come from it",
     ),
     Rule(
+        r"python -m load_test run --url http://127\.0\.0\.1:8000 --api openai-completions ",
+        "flags",
+        "a load on a text-generation model the quick start does not serve: "
+        "tests/test_streaming_doors.py runs the tool's streamed generation against one",
+    ),
+    Rule(
         r"sudo apt-get install -y haproxy",
         "skip",
         "installs a Debian package as root with sudo; .ci/run installs haproxy with apt-get",

@@ -361,3 +361,31 @@ def test_grpc_stream_errors_end_their_request_only(url: str, folder: Path) -> No
     assert len(got["errors"]) == 1
     assert "max_new_tokens" in got["errors"][0].message()
     assert "".join(got["good"]) == expected(folder, PROMPTS[3], 6)
+
+
+# -- the load tool's streamed generation ------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["openai-completions", "openai-chat", "v2-generate"])
+def test_the_load_tool_measures_streams(url: str, api: str) -> None:
+    import asyncio
+
+    from load_test.streams import StreamSpec, format_streams, run_streams
+
+    spec = StreamSpec(
+        url=url,
+        api=api,
+        model="gpt2",
+        prompts=PROMPTS[:4],
+        max_tokens=(4, 8),
+        concurrency=3,
+        requests=6,
+        duration=None,
+        headers={"authorization": f"Bearer {KEY}"},
+    )
+    doc = asyncio.run(run_streams(spec))
+    assert doc["outcomes"] == {"200": 6}
+    assert doc["output_tokens"] >= 6
+    assert doc["ttft"]["p50_ms"] > 0
+    assert doc["itl"]["p50_ms"] > 0
+    assert "output tokens/s" in format_streams(doc)
