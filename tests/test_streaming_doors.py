@@ -389,3 +389,22 @@ def test_the_load_tool_measures_streams(url: str, api: str) -> None:
     assert doc["ttft"]["p50_ms"] > 0
     assert doc["itl"]["p50_ms"] > 0
     assert "output tokens/s" in format_streams(doc)
+
+
+def test_grpc_stream_needs_the_key(url: str) -> None:
+    import queue
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    results: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{GRPC_PORT}")
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    tensor = grpcclient.InferInput("text", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([b"the cat"], dtype=object))
+    client.async_stream_infer("gpt2", [tensor], request_id="k")
+    result, error = results.get(timeout=60)
+    assert result is None
+    assert "API key" in error.message()
+    client.stop_stream()
+    client.close()
