@@ -50,7 +50,13 @@ def url(folder: Path) -> Iterator[str]:
             source=str(folder),
             task="text-generation",
             batching=BatchingConfig(max_batch_size=16, max_batch_tokens=600),
-        )
+        ),
+        ModelConfig(
+            name="gpt2-tight",
+            source=str(folder),
+            task="text-generation",
+            batching=BatchingConfig(max_batch_size=2, max_batch_tokens=20),
+        ),
     ]
     with serving_in_thread(
         create_app(configs, api_keys=ApiKeys([KEY]), grpc_port=GRPC_PORT), timeout=120
@@ -408,3 +414,43 @@ def test_grpc_stream_needs_the_key(url: str) -> None:
     assert "API key" in error.message()
     client.stop_stream()
     client.close()
+
+
+def test_more_tokens_than_the_budget_is_a_413(client: openai.OpenAI) -> None:
+    # gpt2-tight holds 20 tokens: a prompt and its max_tokens must fit in them.
+    answer = client.completions.create(model="gpt2-tight", prompt="the cat", max_tokens=4)
+    assert answer.choices[0].finish_reason == "length"
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.completions.create(model="gpt2-tight", prompt="the cat", max_tokens=25)
+    assert refused.value.status_code == 413
+    assert "--max-batch-tokens" in str(refused.value)
+
+
+def test_a_stream_that_stops_being_read_closes_its_generation() -> None:
+    import asyncio
+
+    from batching.codecs.completions import parse_completion
+    from batching.http.completions import _events
+
+    class Endless:
+        finish = None
+        prompt_tokens = completion_tokens = 1
+        closed = False
+
+        async def pieces(self) -> Any:
+            while True:
+                yield "a"
+
+        def close(self) -> None:
+            self.closed = True
+
+    parsed = parse_completion(b'{"model": "gpt2", "prompt": "x", "stream": true}')
+    generation = Endless()
+
+    async def read_one_then_leave() -> None:
+        events = _events(parsed, generation, "req-2")  # type: ignore[arg-type]
+        await anext(events)
+        await events.aclose()  # what Starlette does when the client disconnects
+
+    asyncio.run(read_one_then_leave())
+    assert generation.closed
