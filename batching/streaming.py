@@ -34,6 +34,7 @@ def generates(deployment: Deployment) -> bool:
 class Generation:
     """One request's generation under way: its first piece is already there."""
 
+    plane: DataPlane
     deployment: Deployment
     stream: Stream
     first: Piece | None
@@ -41,7 +42,7 @@ class Generation:
     text: str = ""
     finish: str | None = None
     prompt_tokens: int = 0
-    _started: bool = field(default=False, repr=False)
+    _counted: bool = field(default=False, repr=False)
 
     @property
     def completion_tokens(self) -> int:
@@ -57,16 +58,19 @@ class Generation:
         """
         piece = self.first
         self.first = None
-        while piece is not None:
-            self.prompt_tokens = piece.prompt_tokens or self.prompt_tokens
-            self.text += piece.text
-            if piece.finish is not None:
-                self.finish = piece.finish
-                yield piece.text, True
-                return
-            if piece.text:
-                yield piece.text, False
-            piece = await self.stream.next()
+        try:
+            while piece is not None:
+                self.prompt_tokens = piece.prompt_tokens or self.prompt_tokens
+                self.text += piece.text
+                if piece.finish is not None:
+                    self.finish = piece.finish
+                    yield piece.text, True
+                    return
+                if piece.text:
+                    yield piece.text, False
+                piece = await self.stream.next()
+        finally:
+            self.close()
 
     async def pieces(self) -> AsyncIterator[str]:
         """The non-empty parts of :meth:`parts`."""
@@ -81,9 +85,15 @@ class Generation:
         return self.text
 
     def close(self) -> None:
-        """The client went away (or the door stopped reading): leave at the next step."""
+        """The answer ended, or the client went away (or the door stopped reading): leave at
+        the next step, and count the tokens generated."""
         if self.finish is None:
             self.stream.cancel()
+        if not self._counted:
+            self._counted = True
+            self.plane.metrics.generated_tokens.labels(self.deployment.name).inc(
+                self.stream.generated
+            )
 
 
 async def open_stream(
@@ -115,6 +125,7 @@ async def open_stream(
     except Overloaded:
         plane.refused(deployment.name, "overloaded")
         raise
+    started = plane.now()
     try:
         first = await stream.next()
     except DeadlineExceeded:
@@ -126,4 +137,5 @@ async def open_stream(
     except BaseException:
         stream.cancel()
         raise
-    return Generation(deployment, stream, first)
+    plane.metrics.first_token.labels(deployment.name).observe(plane.now() - started)
+    return Generation(plane, deployment, stream, first)

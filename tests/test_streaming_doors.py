@@ -454,3 +454,23 @@ def test_a_stream_that_stops_being_read_closes_its_generation() -> None:
 
     asyncio.run(read_one_then_leave())
     assert generation.closed
+
+
+def test_metrics_count_first_tokens_and_generated_tokens(url: str, client: openai.OpenAI) -> None:
+    def scrape() -> str:
+        return httpx.get(f"{url}/metrics", timeout=30).text
+
+    def value(text: str, name: str) -> float:
+        line = f'{name}{{model="gpt2-tight"}} '
+        found = [row for row in text.splitlines() if row.startswith(line)]
+        return float(found[0].split()[-1]) if found else 0.0
+
+    before = scrape()
+    client.completions.create(model="gpt2-tight", prompt="the cat", max_tokens=5)
+    after = scrape()
+    count = "batching_time_to_first_token_seconds_count"
+    assert value(after, count) == value(before, count) + 1
+    tokens = "batching_generated_tokens_total"
+    assert value(after, tokens) == value(before, tokens) + 5
+    assert value(after, "batching_generation_sequences") == 0
+    assert value(after, "batching_generation_reserved_tokens") == 0

@@ -137,6 +137,8 @@ class Decoder:
         self.max_rows = max(1, max_rows)
         self.budget = budget
         self.reserved = 0
+        #: Accepted sequences not finished (running or waiting).
+        self.active = 0
         self.instances = 0
         self.draining = False
         #: Why this model cannot decode by step (its cache kind), once an instance said so.
@@ -178,6 +180,7 @@ class Decoder:
                 retry_after=max(1.0, self._step_s * 32),
             )
         self.reserved += tokens
+        self.active += 1
         stream = Stream(next(self._keys), item, tokens, deadline, request_id)
         self._waiting.append(stream)
         self._work.set()
@@ -187,6 +190,7 @@ class Decoder:
         if stream.finish is None:
             stream.finish = "error" if isinstance(value, BaseException) else "done"
             self.reserved -= stream.tokens
+            self.active -= 1
         stream._put(value)
         if not isinstance(value, BaseException):
             stream._put(_END)
@@ -235,13 +239,13 @@ class Decoder:
         for key, stream in list(running.items()):
             if stream.cancelled or stream.deadline <= now:
                 leaving.add(key)
-                self._expire(stream, now)
+                self._expire(stream)
                 del running[key]
         joining: list[Stream] = []
         while self._waiting and len(running) + len(joining) < self.max_rows:
             stream = self._waiting.popleft()
             if stream.cancelled or stream.deadline <= now:
-                self._expire(stream, now)
+                self._expire(stream)
                 continue
             joining.append(stream)
         stepping = list(running)
@@ -292,7 +296,7 @@ class Decoder:
             running.pop(stream.key, None)
             self._release(stream, _END)
 
-    def _expire(self, stream: Stream, now: float) -> None:
+    def _expire(self, stream: Stream) -> None:
         if stream.cancelled:
             self._release(stream, NotReady("the client went away"))
         else:
