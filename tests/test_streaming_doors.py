@@ -271,6 +271,7 @@ def test_v2_generate_stream_sends_events_of_text_output(url: str, folder: Path) 
         ({"text_input": "the cat", "frobnicate": 1}, 400),
         ({"text_input": "the cat", "parameters": {"max_new_tokens": "many"}}, 400),
         ({"parameters": {}}, 400),
+        ({"text_input": "the cat", "parameters": {"return_full_text": True}}, 400),
     ],
 )
 def test_v2_generate_refuses_what_it_cannot_apply(

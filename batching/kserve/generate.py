@@ -57,6 +57,11 @@ def parse_generate(body: bytes, declared: set[str]) -> GenerateRequest:
             name = "max_new_tokens" if key == "max_tokens" else key
             if name == "stream":
                 continue
+            if name == "return_full_text":
+                raise InvalidRequest(
+                    "return_full_text: generate answers the completion alone (use the infer "
+                    "endpoint for the prompt and completion together)"
+                )
             if source is parsed and name not in declared:
                 raise InvalidRequest(f"unknown input {key!r}: this model takes {TEXT_INPUT}")
             given[name] = value
