@@ -10,6 +10,7 @@ embedded in someone else's server must leave alone.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import os
@@ -32,10 +33,14 @@ from starlette.applications import Starlette  # noqa: E402
 
 from batching.app import create_app  # noqa: E402
 from batching.http.connections import protocol_class  # noqa: E402
+from batching.log_settings import LogSettings  # noqa: E402
 from batching.logs import configure_logging, uvicorn_log_config  # noqa: E402
 from batching.models.engines.options import ADAPTIVE_THREADS_VARIABLE  # noqa: E402
 from batching.runtime.allocator import tune_malloc  # noqa: E402
-from batching.runtime.collector import settle_loaded_objects  # noqa: E402
+from batching.runtime.collector import (  # noqa: E402
+    release_unloaded_objects,
+    settle_loaded_objects,
+)
 from batching.runtime.deployment import Deployment  # noqa: E402
 from batching.runtime.warmup import InstanceInfo  # noqa: E402
 from batching.settings.cli import ServerSettings, parse_settings  # noqa: E402
@@ -90,6 +95,11 @@ def build(
         cors_allow_origins=settings.cors_allow_origins,
         metrics_port=settings.metrics_port,
         connection_limits=settings.connections,
+        # A model unloaded or replaced at run time: its memory goes back to the system.
+        model_control=dataclasses.replace(
+            settings.model_control, on_released=release_unloaded_objects
+        ),
+        log_settings=LogSettings(settings.log_format),
         tracing=settings.tracing,
     )
 

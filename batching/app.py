@@ -18,25 +18,31 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from batching.config import ModelConfig
+from batching.control import ControlOptions, ModelControl, OnFailure, StateCollector
+from batching.control import OnReady as OnInstanceReady
 from batching.core.events import BatchEvents
 from batching.grpc import GrpcLimits, GrpcServer
 from batching.grpc.auth import ApiKeyInterceptor
+from batching.grpc.control import ControlServicer
 from batching.http.auth import OPEN_PATHS, ApiKeyMiddleware
 from batching.http.completions import completion_routes
 from batching.http.connections import ConnectionLimits
 from batching.http.errors import EXCEPTION_HANDLERS
 from batching.http.generate import generate_routes
 from batching.http.listeners import METRICS_PATH, ListenerRoutes
+from batching.http.logging_ext import logging_routes
 from batching.http.middleware import RequestIdMiddleware
 from batching.http.multivector import multivector_routes
 from batching.http.openai import openai_routes
 from batching.http.plain import plain_routes
 from batching.http.redirects import RelativeRedirectMiddleware
+from batching.http.repository import repository_routes
 from batching.http.rerank import rerank_routes
 from batching.http.sparse import sparse_routes
 from batching.http.tokens import token_routes
 from batching.http.v2 import v2_routes
 from batching.keys import ApiKeys
+from batching.log_settings import LogSettings
 from batching.metrics import Metrics
 from batching.models.default import DEFAULT_MODEL_NAME
 from batching.models.protocol import Model
@@ -120,6 +126,8 @@ def create_app(
     cors_allow_origins: Sequence[str] = (),
     metrics_port: int | None = None,
     connection_limits: ConnectionLimits | None = None,
+    model_control: ControlOptions | None = None,
+    log_settings: LogSettings | None = None,
     tracing: TracingConfig | None = None,
 ) -> Starlette:
     """A Starlette app serving ``models`` with dynamic batching.
@@ -157,6 +165,11 @@ def create_app(
         protocol, :func:`batching.http.connections.protocol_class`), which the gRPC door
         applies to its own connections and calls, with ``max_body_bytes`` as its message
         limit (:class:`~batching.grpc.GrpcLimits`); the defaults when None.
+    :param model_control: whether and how models are loaded, reloaded and unloaded at run
+        time (:mod:`batching.control`); mode ``none`` when None. The app's
+        ``state.control`` is its :class:`~batching.control.ModelControl`.
+    :param log_settings: what ``/v2/logging`` reads and changes (the ``batching`` logger's
+        level, :mod:`batching.log_settings`); by default that logger, in text format.
     :param tracing: send OpenTelemetry traces (docs/tracing.md): a server span per request
         on every door and a span per batch, linked to its requests; None: off, and
         OpenTelemetry is never imported. The app's ``state.tracing`` is its
@@ -226,6 +239,37 @@ def create_app(
     if tracer is not None:
         tracer.describe(deployments)
     plane = DataPlane(deployments, metrics)
+
+    def make_deployment(
+        config: ModelConfig, warm: OnInstanceReady, failed: OnFailure
+    ) -> Deployment:
+        """A deployment loaded at run time (:mod:`batching.control`)."""
+
+        def loaded(deployment: Deployment, index: int, info: InstanceInfo) -> None:
+            warm(deployment, index, info)
+            instance_ready(deployment, index, info)
+
+        deployment = Deployment(
+            config,
+            _ConfigFactory(builder, config),
+            events=events_for(config),
+            instance_factory=instance_factory,
+            on_ready=loaded,
+            on_load_failure=failed,
+        )
+        if tracer is not None:
+            tracer.describe([deployment])
+        return deployment
+
+    control = ModelControl(
+        deployments,
+        model_control or ControlOptions(),
+        make_deployment,
+        grace=shutdown_timeout,
+        started=configs,
+    )
+    metrics.registry.register(StateCollector(deployments))
+    logs = log_settings if log_settings is not None else LogSettings()
     grpc_server = None
     if grpc_port:
         interceptors: list[Any] = []
@@ -254,6 +298,7 @@ def create_app(
             on_failure=on_grpc_failure,
             tls=tls,
             interceptors=interceptors,
+            servicer=lambda plane: ControlServicer(plane, control, logs),
         )
 
     stop_by: float | None = None
@@ -273,6 +318,7 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         for deployment in deployments:
             deployment.start()
+        control.start()
         if tls is not None:
             tls.start()
         try:
@@ -283,6 +329,7 @@ def create_app(
             grace = shutdown_timeout
             if stop_by is not None:
                 grace = max(0.0, stop_by - asyncio.get_running_loop().time())
+            await control.close(grace)
             await asyncio.gather(
                 *([grpc_server.stop(grace)] if grpc_server is not None else []),
                 *(deployment.stop(grace) for deployment in deployments),
@@ -325,6 +372,8 @@ def create_app(
         *token_routes(plane, max_body_bytes),
         *multivector_routes(plane, max_body_bytes),
         *sparse_routes(plane, max_body_bytes),
+        *repository_routes(control),
+        *logging_routes(logs),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
     if api_keys is not None:
@@ -359,4 +408,5 @@ def create_app(
     app.state.grpc = grpc_server
     app.state.tracing = tracer
     app.state.drain = drain
+    app.state.control = control
     return app

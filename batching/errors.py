@@ -12,7 +12,8 @@
     │   ├── Overloaded            the queue is full or cannot finish the request in time
     │   └── NotReady              loading, warming up, restarting or draining
     ├── DeadlineExceeded          504  accepted, but not served before its deadline
-    └── InferenceFailed           500  the model raised, or broke its output contract
+    ├── InferenceFailed           500  the model raised, or broke its output contract
+    └── LoadFailed                500  a model could not be loaded at run time
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ __all__ = [
     "DeadlineExceeded",
     "InferenceFailed",
     "InvalidRequest",
+    "LoadFailed",
     "ModelNotFound",
     "NotReady",
     "Overloaded",
@@ -84,3 +86,8 @@ class DeadlineExceeded(BatchingError):
 
 class InferenceFailed(BatchingError):
     """Raised when the model raised on a request's items or returned the wrong output count."""
+
+
+class LoadFailed(BatchingError):
+    """Raised when a model cannot be loaded at run time (a load call, a poll): answered 500
+    with the exception's class only; whatever served before keeps serving."""

@@ -24,6 +24,7 @@ from batching.errors import (
     NotReady,
     UnprocessableInput,
 )
+from batching.expansion import expand_items
 from batching.metrics import Metrics
 from batching.models.items import item_text
 from batching.models.media import check_media, media_inputs
@@ -136,30 +137,63 @@ async def check_media_items(deployment: Deployment, inputs: list[Any]) -> None:
 
 
 class Deployments:
-    """The deployments one app serves, by name; the first is the default."""
+    """The deployments one app serves, by name; the first is the default.
+
+    The collection changes at run time when models are loaded, reloaded and unloaded
+    (:mod:`batching.control`): :meth:`put` and :meth:`remove` swap a name's deployment in one
+    step on the event loop, so a request resolves either the old deployment or the new one.
+    Resolving takes a lease on it (:mod:`batching.runtime.leases`), which the request gives
+    back when it is recorded: a replaced deployment serves its leaseholders before it stops.
+    """
 
     def __init__(self, deployments: Sequence[Deployment]) -> None:
         if not deployments:
             raise ValueError("at least one deployment is needed")
         self.by_name = {deployment.name: deployment for deployment in deployments}
-        self.default = deployments[0]
+        #: Repository index entries of models not served now: loading beside a served
+        #: version, unloading, unloaded or failed (set by :mod:`batching.control`).
+        self.others: dict[object, dict[str, str]] = {}
 
     def __iter__(self) -> Iterator[Deployment]:
         return iter(self.by_name.values())
 
+    @property
+    def default(self) -> Deployment:
+        """The first model served: the one the routes without a model name use.
+
+        :raises ModelNotFound: every model is unloaded.
+        """
+        for deployment in self.by_name.values():
+            return deployment
+        raise ModelNotFound("no model is loaded")
+
     def get(self, name: str | None, version: str | None = None) -> Deployment:
-        """The deployment serving ``name`` (the default when None), at ``version`` if given.
+        """The deployment serving ``name`` (the default when None), at ``version`` if given;
+        the running request holds it (a lease) until it is recorded.
 
         :raises ModelNotFound: no such model, or not that version.
         """
         if name is None:
-            return self.default
-        deployment = self.by_name.get(name)
-        if deployment is None:
-            raise ModelNotFound(f"no model named {name!r} is served")
-        if version is not None and version != deployment.config.version:
-            raise ModelNotFound(f"model {name!r} has no version {version!r}")
+            deployment = self.default
+        else:
+            found = self.by_name.get(name)
+            if found is None:
+                raise ModelNotFound(f"no model named {name!r} is served")
+            deployment = found
+            if version is not None and version != deployment.config.version:
+                raise ModelNotFound(f"model {name!r} has no version {version!r}")
+        deployment.leases.take()
         return deployment
+
+    def put(self, deployment: Deployment) -> Deployment | None:
+        """Serve ``deployment`` under its name from now on; the one it replaces, if any."""
+        replaced = self.by_name.get(deployment.name)
+        self.by_name[deployment.name] = deployment
+        return replaced
+
+    def remove(self, name: str) -> Deployment | None:
+        """Stop resolving ``name``; its deployment, if it was served."""
+        return self.by_name.pop(name, None)
 
     @property
     def ready(self) -> bool:
@@ -284,7 +318,42 @@ class DataPlane:
         :raises DeadlineExceeded: not served before ``deadline``; the message says which
             limit set it and whether it passed while the request was queued or running.
         :raises BatchingError: refused at admission (see :meth:`Batcher.submit`).
+        :raises InvalidRequest: the model expands its items (:mod:`batching.expansion`) and
+            cannot expand one of these.
         """
+        expansion = await expand_items(deployment, inputs)
+        if expansion is None:
+            return await self._queue(
+                deployment,
+                inputs,
+                deadline=deadline,
+                request_id=request_id,
+                disconnected=disconnected,
+                tokens=tokens,
+                token_cap=token_cap,
+            )
+        # The units are counted, queued and packed like items; the door's counts were of items.
+        outputs = await self._queue(
+            deployment,
+            expansion.units,
+            deadline=deadline,
+            request_id=request_id,
+            disconnected=disconnected,
+        )
+        return None if outputs is None else expansion.answers(outputs)
+
+    async def _queue(
+        self,
+        deployment: Deployment,
+        inputs: list[Any],
+        *,
+        deadline: float,
+        request_id: str = "",
+        disconnected: Callable[[], Awaitable[None]] | None = None,
+        tokens: list[int] | None = None,
+        token_cap: int | None = None,
+    ) -> list[Any] | None:
+        """:meth:`infer` of units of batching (items the model takes as they are)."""
         check_mask_token(deployment.metadata, inputs)
         await check_media_items(deployment, inputs)
         if token_cap is not None and tokens is not None and len(tokens) == len(inputs):
@@ -358,6 +427,8 @@ class DataPlane:
         """Count one answered request under ``status`` and time it from ``started``;
         ``deployment`` None: answered before its model was known (counted under model "")."""
         name = "" if deployment is None else deployment.name
+        if deployment is not None:
+            deployment.leases.give_back()
         key = (name, status)
         counter = self._request_counters.get(key)
         if counter is None:

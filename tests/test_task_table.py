@@ -16,8 +16,9 @@ from batching.models.source import ModelSource, ModelSourceError
 from batching.models.tasks.audio import ASR, CLASSIFY
 from batching.models.tasks.table import ALIASES, REMOVED, TASKS, resolve_task, served_tasks
 from batching.settings.cli import parse_settings
-from tests.support.audio import classifier_folder, ctc_folder
-from tests.support.tiny import encoder_folder, masked_folder
+from tests.support.audio import classifier_folder as audio_classifier_folder
+from tests.support.audio import ctc_folder
+from tests.support.tiny import classifier_folder, encoder_folder, masked_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,7 +32,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> str:
 def audio_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The audio tasks check their folder at start (a feature extractor; CTC for speech)."""
     root = tmp_path_factory.mktemp("table-audio")
-    return {ASR: str(ctc_folder(root)), CLASSIFY: str(classifier_folder(root))}
+    return {ASR: str(ctc_folder(root)), CLASSIFY: str(audio_classifier_folder(root))}
 
 
 def test_every_row_names_a_class_that_serves_it_and_its_parameters() -> None:
@@ -51,8 +52,12 @@ def test_the_table_keeps_transformers_own_hint_for_every_task_it_removed() -> No
 
 
 def test_task_accepts_exactly_the_served_tasks(folder: str, audio_folders: dict[str, str]) -> None:
+    # zero-shot-classification refuses a model whose config names no entailment label.
+    root = Path(folder).parent
+    nli = str(classifier_folder(root, "nli", ["contradiction", "neutral", "entailment"]))
+    folders = {**audio_folders, "zero-shot-classification": nli}
     for task in served_tasks():
-        source = ModelSource.parse(audio_folders.get(task, folder), task)
+        source = ModelSource.parse(folders.get(task, folder), task)
         assert source.kind == "pipeline" and source.task == ALIASES.get(task, task)
     masked = str(masked_folder(Path(folder).parent))
     assert ModelSource.parse(masked, "sparse-embedding").kind == "sparse"

@@ -68,6 +68,8 @@ class GrpcServer:
         connections when their files change (:mod:`batching.grpc.tls`); None: plaintext.
     :param interceptors: ``grpc.aio.ServerInterceptor`` s every call passes, in order (the
         API key check, :mod:`.auth`).
+    :param servicer: builds the servicer over ``plane`` (with model control and the log
+        settings, :mod:`.control`).
     """
 
     def __init__(
@@ -81,8 +83,10 @@ class GrpcServer:
         on_failure: Callable[[str], None] | None = None,
         tls: CertificateFiles | None = None,
         interceptors: Sequence[Any] = (),
+        servicer: Callable[[DataPlane], InferenceServicer] = InferenceServicer,
     ) -> None:
         self.plane = plane
+        self.make_servicer = servicer
         self.tls = tls
         self.host = host
         self.port = port
@@ -113,7 +117,7 @@ class GrpcServer:
         server = grpc.aio.server(
             options=self.limits.server_options(), interceptors=self.interceptors or None
         )
-        servicer = InferenceServicer(self.plane)
+        servicer = self.make_servicer(self.plane)
         handlers = method_handlers(
             servicer, message_timeout=self.limits.message_timeout, count=servicer.count_refused
         )

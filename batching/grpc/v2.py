@@ -4,8 +4,8 @@ Health, server and model metadata, model readiness, configuration and statistics
 repository index and ``ModelInfer``; errors are gRPC status codes (:mod:`.errors`). What the
 protocol means lives in :mod:`batching.kserve`, as for the HTTP door; this module is its gRPC
 door, a codec over :class:`~batching.service.DataPlane`. ``ModelStreamInfer`` streams a
-text-generation model's pieces (:mod:`.streams`). The shared-memory,
-repository-control, trace and log RPCs answer ``UNIMPLEMENTED``.
+text-generation model's pieces (:mod:`.streams`). The shared-memory and trace RPCs answer
+``UNIMPLEMENTED``; repository control and the log settings are :mod:`.control`'s.
 """
 
 from __future__ import annotations

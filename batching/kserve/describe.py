@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from batching.config import ModelConfig
+from batching.control import model_states
 from batching.metrics import Duration, ModelEvents, ModelStatistics
 from batching.models.parameters import PARAMETERS_KEY
 from batching.runtime.deployment import Deployment
@@ -47,6 +48,7 @@ EXTENSIONS = [
     "schedule_policy",
     "parameters",
     "statistics",
+    "logging",
 ]
 
 #: What runs the models, as the configuration's ``backend`` says.
@@ -327,21 +329,6 @@ def statistics(deployments: Iterable[Deployment]) -> dict[str, Any]:
 
 
 def repository_index(deployments: Deployments) -> list[dict[str, str]]:
-    """``POST /v2/repository/index``: every model, its state, and why it is not ready."""
-    index = []
-    for deployment in deployments:
-        entry = {
-            "name": deployment.name,
-            "version": deployment.config.version,
-            "state": "READY" if deployment.ready else "UNAVAILABLE",
-        }
-        if not deployment.ready:
-            # Never the load error's text, which may hold paths: its class, and where to look.
-            failed = deployment.load_error_class
-            entry["reason"] = (
-                f"failed to load ({failed}; the server log has the details)"
-                if failed
-                else "loading"
-            )
-        index.append(entry)
-    return index
+    """``POST /v2/repository/index``: every model and version, its state, and why it is not
+    ready (:func:`batching.control.model_states`)."""
+    return model_states(deployments)

@@ -3,7 +3,7 @@
 A model object is built once per instance, loaded on that instance's device, and then called
 only from that instance's dedicated thread (or process), one batch at a time.
 
-Two methods are required (:class:`Model`); five hooks are optional. :class:`ModelBase`
+Two methods are required (:class:`Model`); seven hooks are optional. :class:`ModelBase`
 declares every one of them with its default, and :func:`hooks_of` is the only place the
 server looks them up, so a model that subclasses ``ModelBase`` and a plain class that only
 has ``load`` and ``predict`` are served alike.
@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # for annotations only: importing this module imports no nump
     from numpy.typing import NDArray
 
 __all__ = [
+    "EXPANDS_KEY",
     "Model",
     "ModelBase",
     "ModelHooks",
@@ -68,6 +69,9 @@ class ModelBase:
     - :meth:`token_length`: how long an input is before truncation, for request limits.
     - :meth:`metadata`: the v2 description of inputs and outputs.
     - :attr:`max_seq_length`: the longest text input, in tokens, for generated warm-up text.
+    - :meth:`expand` and :meth:`join`: one request item as several units of batching (a text
+      and each of its candidate labels), and its answer assembled from theirs; called by the
+      data plane on a worker thread, for every door, and by the warm-up.
     """
 
     #: The longest text input in tokens; the "random" warm-up writes that many words.
@@ -126,6 +130,26 @@ class ModelBase:
         described."""
         return {}
 
+    def expand(self, item: Any) -> list[Any]:
+        """The units of batching one request item is made of (each queued, counted, packed and
+        passed to :meth:`predict` like any item), for a model that declares ``"expands": True``
+        in its metadata (:data:`EXPANDS_KEY`). Called on a worker thread, on the object that
+        counts tokens (never loaded). Raise ``ValueError`` for an item that cannot be
+        expanded (a 400 naming why). The warm-up batches of such a model are request items
+        too: each is expanded, its units run, and its answer joined, as a request's. Default:
+        absent (an item is its own unit)."""
+        return [item]
+
+    def join(self, item: Any, outputs: list[Any]) -> Any:
+        """The answer to ``item`` from the outputs :meth:`predict` gave its :meth:`expand`
+        units, in order. Default: absent."""
+        return outputs
+
+
+#: The metadata key by which a model says its items are expanded (:meth:`ModelBase.expand`):
+#: the data plane then asks its hooks for every request.
+EXPANDS_KEY = "expands"
+
 
 @dataclass(frozen=True, slots=True)
 class ModelHooks:
@@ -136,6 +160,8 @@ class ModelHooks:
     token_length: Callable[[Any, int], int] | None
     metadata: Callable[[], dict[str, Any]] | None
     max_seq_length: int | None
+    expand: Callable[[Any], list[Any]] | None = None
+    join: Callable[[Any, list[Any]], Any] | None = None
 
 
 def hooks_of(model: object) -> ModelHooks:
@@ -153,6 +179,8 @@ def hooks_of(model: object) -> ModelHooks:
         token_length=_own(model, "token_length"),
         metadata=_own(model, "metadata"),
         max_seq_length=length,
+        expand=_own(model, "expand"),
+        join=_own(model, "join"),
     )
 
 

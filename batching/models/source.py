@@ -18,6 +18,7 @@ from typing import Literal
 
 from .default import DEFAULT_MODEL_NAME, default_model_path
 from .engines.options import EngineOptions
+from .nli import ZERO_SHOT_TASK, check_nli_folder
 from .prompts import PromptConfigError, PromptOptions, read_prompts
 from .protocol import Model
 from .splade import SPARSE_TASK, is_sparse_folder, read_layout
@@ -94,6 +95,11 @@ class ModelSource:
                     f"model folder {model} has no config.json: point --model at the folder "
                     "that holds the model's config.json and weights"
                 )
+            if task == ZERO_SHOT_TASK:
+                try:
+                    check_nli_folder(path)
+                except ValueError as exc:
+                    raise ModelSourceError(f"--model {model}: {exc}") from None
             if task is not None:
                 if task in AUDIO_TASKS:
                     try:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import gc
 
-__all__ = ["YOUNG_THRESHOLD", "settle_loaded_objects"]
+__all__ = ["YOUNG_THRESHOLD", "release_unloaded_objects", "settle_loaded_objects"]
 
 #: Allocations (net of frees) between two young-generation collections, once serving.
 YOUNG_THRESHOLD = 50_000
@@ -37,3 +37,16 @@ def settle_loaded_objects() -> None:
     gc.freeze()
     young, middle, old = gc.get_threshold()
     gc.set_threshold(max(young, YOUNG_THRESHOLD), middle, old)
+
+
+def release_unloaded_objects() -> None:
+    """Give back the memory of a model that was unloaded or replaced at run time: its objects
+    were frozen with everything else once it loaded, so the collector must see them again to
+    free their cycles (one full collection, a stall like those above, once per unload); then
+    the allocator returns the freed heap to the kernel, and what is left is frozen again."""
+    from .allocator import trim
+
+    gc.unfreeze()
+    gc.collect()
+    trim()
+    gc.freeze()

@@ -20,6 +20,7 @@ from batching.models.protocol import ModelHooks, hooks_of
 
 from .base import InstanceFactory, ModelFactory
 from .decoding import Decoder, run_decoder
+from .leases import Leases
 from .process import ProcessInstance
 from .threads import ThreadInstance
 from .warmup import InstanceInfo, WarmupPlan
@@ -151,6 +152,8 @@ class Deployment:
                 config.batching.max_batch_size,
                 config.batching.max_batch_tokens or None,
             )
+        #: The requests that resolved this deployment and have not answered yet.
+        self.leases = Leases()
 
     def _counting_hooks(self) -> ModelHooks:
         # An unloaded model object of its own: counting needs the tokenizer, not the weights,

@@ -14,7 +14,7 @@ from typing import Any
 
 from batching.config import ModelConfig
 from batching.models.parameters import Parameters, TaskItem
-from batching.models.protocol import Model, hooks_of, load_model
+from batching.models.protocol import EXPANDS_KEY, Model, hooks_of, load_model
 
 from .allocator import trim
 
@@ -244,19 +244,22 @@ def load_and_warm(
             "inputs of its own kind before it reports ready"
         )
     if plan.parameters and batches and batches[0]:
-        first = batches[0][0]
-        if isinstance(first, TaskItem):
-            # A sample with parameters of its own (a short generation): the defaults win.
-            merged = {**dict(first.parameters), **dict(plan.parameters)}
-            batches.append([TaskItem(first.input, tuple(sorted(merged.items())))])
-        else:
-            batches.append([TaskItem(first, plan.parameters)])
+        sample = batches[0][0]
+        sample = sample.input if isinstance(sample, TaskItem) else sample
+        batches.append([TaskItem(sample, plan.parameters)])
+    expansion = _expansion(model)
+    if expansion is not None and plan.data != "model" and plan.parameters:
+        # Generated or read items are request items: they take the server-wide parameters.
+        batches = [[_with(item, plan.parameters) for item in batch] for batch in batches]
     if on_loaded is not None:
         on_loaded(Loaded(loaded - started, len(batches)))
     for number, batch in enumerate(batches, 1):
         where = f"warm-up batch {number} of {len(batches)} (size {len(batch)}, {plan.data} data)"
         try:
-            outputs = model.predict(batch)
+            if expansion is None:
+                outputs = model.predict(batch)
+            else:
+                outputs = _expanded_predict(model, expansion, batch)
         except Exception as exc:
             raise RuntimeError(f"{where} failed: {exc!r}") from exc
         if len(outputs) != len(batch):
@@ -267,3 +270,37 @@ def load_and_warm(
     return InstanceInfo(
         loaded - started, warmed - loaded, len(batches), metadata, platform_of(model, metadata)
     )
+
+
+_Expand = tuple[Callable[[Any], list[Any]], Callable[[Any, list[Any]], Any]]
+
+
+def _expansion(model: Model) -> _Expand | None:
+    """The ``expand`` and ``join`` hooks of a model that expands its items (as the data plane
+    applies them, :mod:`batching.expansion`), or None."""
+    hooks = hooks_of(model)
+    if hooks.expand is None or hooks.join is None or hooks.metadata is None:
+        return None
+    if not hooks.metadata().get(EXPANDS_KEY):
+        return None
+    return hooks.expand, hooks.join
+
+
+def _with(item: Any, parameters: Parameters) -> Any:
+    return item if isinstance(item, TaskItem) else TaskItem(item, parameters)
+
+
+def _expanded_predict(model: Model, expansion: _Expand, batch: list[Any]) -> list[Any]:
+    """A warm-up batch of request items, as a request runs them: each expanded into its
+    units, the units run as one batch, each item's answer joined from its units' outputs."""
+    expand, join = expansion
+    groups = [expand(item) for item in batch]
+    units = [unit for group in groups for unit in group]
+    outputs = model.predict(units)
+    if len(outputs) != len(units):
+        raise RuntimeError(f"{len(units)} units of batching gave {len(outputs)} outputs")
+    answers, start = [], 0
+    for item, group in zip(batch, groups, strict=True):
+        answers.append(join(item, list(outputs[start : start + len(group)])))
+        start += len(group)
+    return answers

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from batching.config import BatchingConfig, ModelConfig
+from batching.control import MODES, ControlOptions
 from batching.http.connections import ConnectionLimits
 from batching.keys import ApiKeyError, ApiKeys, split_keys
 from batching.models.engines.options import (
@@ -25,6 +26,7 @@ from batching.runtime.cpus import CpuBudget, read_cpu_budget
 from batching.tls import CLIENT_CERT_MODES, TlsConfig, TlsError, load_certificates
 from batching.tracing.config import TracingConfig, TracingConfigError, tracing_config
 
+from .reloads import apply_overrides, repository_reader
 from .repository import RepositoryError, load_repository
 
 __all__ = ["ServerSettings", "build_parser", "parse_settings"]
@@ -70,6 +72,9 @@ class ServerSettings:
     cors_allow_origins: tuple[str, ...] = ()
     #: A second listener on ``host`` for ``/metrics`` and the probes; None: the main port.
     metrics_port: int | None = None
+    #: Models loaded, reloaded and unloaded at run time (``--model-control-mode``,
+    #: ``--repository-poll-secs``; docs/model-control.md); mode none by default.
+    model_control: ControlOptions = field(default_factory=ControlOptions)
     #: OpenTelemetry traces (``--otlp-endpoint``, ``OTEL_*``); None: off.
     tracing: TracingConfig | None = None
 
@@ -455,6 +460,22 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         "main port, so it can be firewalled apart (default: /metrics on the main port)",
     )
     parser.flag(
+        "--model-control-mode",
+        default="none",
+        choices=MODES,
+        help="none: the models of the start, for good (load/unload calls answer 400); "
+        "explicit: POST /v2/repository/models/NAME/load and .../unload (and gRPC "
+        "RepositoryModelLoad/Unload) load, reload and unload models, with an API key when keys "
+        "are set; poll: the repository is re-read every --repository-poll-secs and its "
+        "changes applied (needs --model-repository)",
+    )
+    parser.flag(
+        "--repository-poll-secs",
+        default=15.0,
+        type=float,
+        help="with --model-control-mode poll, seconds between two reads of the repository",
+    )
+    parser.flag(
         "--otlp-endpoint",
         help="send OpenTelemetry traces to this OTLP collector: http://HOST:4318 (OTLP/HTTP, "
         "/v1/traces added when the URL has no path) or grpc://HOST:4317 (gRPC); unset: "
@@ -643,6 +664,7 @@ def parse_settings(
             f"--metrics-port must be a port number other than --port and --grpc-port: "
             f"{metrics_port}"
         )
+    control = _model_control(parser, args, model)
     try:
         tracing = tracing_config(
             args.otlp_endpoint, args.otlp_protocol, args.trace_rate, environment
@@ -668,5 +690,28 @@ def parse_settings(
         api_keys=api_keys,
         cors_allow_origins=origins,
         metrics_port=metrics_port,
+        model_control=control,
         tracing=tracing,
     )
+
+
+def _model_control(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, defaults: ModelConfig
+) -> ControlOptions:
+    """``--model-control-mode`` and ``--repository-poll-secs``, with the repository they
+    re-read (``--model-repository``; without one, the model of the flags is reloaded)."""
+    mode = str(args.model_control_mode)
+    repository = str(args.model_repository) if args.model_repository else None
+    if mode == "poll" and repository is None:
+        parser.error(
+            "--model-control-mode poll re-reads the model repository: it needs --model-repository"
+        )
+    try:
+        return ControlOptions(
+            mode=mode,
+            poll_seconds=float(args.repository_poll_secs),
+            read_repository=None if repository is None else repository_reader(repository, defaults),
+            apply_overrides=apply_overrides,
+        )
+    except ValueError as exc:
+        parser.error(f"--repository-poll-secs: {exc}")

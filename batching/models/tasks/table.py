@@ -78,7 +78,10 @@ TASKS: dict[str, Task] = {
     "fill-mask": Task(PIPELINE, "text:FILL_MASK"),
     "text-classification": Task(PIPELINE, "text:TEXT_CLASSIFICATION"),
     "token-classification": Task(PIPELINE, "text:TOKEN_CLASSIFICATION"),
-    # Zero-shot classification.
+    # Zero-shot classification: one (text, label) pair per unit of batching.
+    "zero-shot-classification": Task(
+        "batching.models.zero_shot:ZeroShotModel", "zero_shot:ZERO_SHOT_CLASSIFICATION"
+    ),
     # Generation, through the model's own generate (batching/models/causal.py, seq2seq.py);
     # translation_<src>_to_<tgt> is translation from one pair the model names.
     "text-generation": Task(TEXT_GENERATOR, "generation:TEXT_GENERATION"),
