@@ -9,7 +9,10 @@ one run, on a small causal LM built from a config:
 3. the **same requests through transformers' continuous batching offline**
    (``init_continuous_batching``, in this process, no server): output tokens/s, or the error
    it raised on this machine;
-4. a **4-token request sent while a 200-token one runs**: both finish times.
+4. a **4-token request sent while a 200-token one runs**: both finish times;
+5. the same 16 streams against **``transformers serve --continuous-batching``** started
+   beside it (``--no-transformers-serve`` to skip; its error is the finding if it fails: it
+   needs ``pip install accelerate`` besides FastAPI and uvicorn).
 
 All greedy (the same tokens whichever way), fp32, on the server's default threads. Prints one
 table and writes the figures as JSON (``--json``).
@@ -102,9 +105,9 @@ class Streamed:
     tokens: int
 
 
-async def stream_one(client: httpx.AsyncClient, url: str, req: Req) -> Streamed:
+async def stream_one(client: httpx.AsyncClient, url: str, req: Req, model: str = MODEL) -> Streamed:
     body = {
-        "model": MODEL,
+        "model": model,
         "prompt": req.prompt,
         "max_tokens": req.max_new,
         "temperature": 0,
@@ -139,10 +142,12 @@ async def bounded(concurrency: int, jobs: list[Any]) -> list[Any]:
     return await asyncio.gather(*(run(job) for job in jobs))
 
 
-async def streams(url: str, reqs: list[Req], concurrency: int) -> tuple[float, list[Streamed]]:
+async def streams(
+    url: str, reqs: list[Req], concurrency: int, model: str = MODEL
+) -> tuple[float, list[Streamed]]:
     async with httpx.AsyncClient(timeout=600) as client:
         started = time.perf_counter()
-        results = await bounded(concurrency, [stream_one(client, url, r) for r in reqs])
+        results = await bounded(concurrency, [stream_one(client, url, r, model) for r in reqs])
         return time.perf_counter() - started, results
 
 
@@ -207,6 +212,71 @@ def offline_continuous(folder: Path, reqs: list[Req]) -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
 
 
+def transformers_serve(folder: Path, reqs: list[Req], concurrency: int, log: Path) -> Any:
+    """The same streams against ``transformers serve --continuous-batching`` on this folder."""
+    import shutil
+    import subprocess
+
+    from load_test.serverproc import free_port
+
+    program = shutil.which("transformers")
+    if program is None:
+        return {"error": "the transformers CLI is not installed"}
+    port = free_port()
+    needed = sum(len(r.prompt.split()) * 2 + r.max_new for r in reqs)
+    argv = [
+        program,
+        "serve",
+        str(folder),
+        "--continuous-batching",
+        "--cb-block-size",
+        "32",
+        "--cb-num-blocks",
+        str(needed // 32 + 2 * len(reqs)),
+        "--cb-max-batch-tokens",
+        "2048",
+        "--device",
+        "cpu",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    url = f"http://127.0.0.1:{port}"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if process.poll() is not None:
+                lines = log.read_text(errors="replace").strip().splitlines() or ["no output"]
+                return {"error": f"exited with {process.returncode}: {lines[-1][:200]}"}
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                return {"error": "not ready after 120 s"}
+            time.sleep(0.2)  # polling a child's readiness: nothing to wait on
+        try:
+            asyncio.run(streams(url, reqs[:1], 1, str(folder)))  # loads the model
+            elapsed, results = asyncio.run(streams(url, reqs, concurrency, str(folder)))
+        except Exception as exc:
+            return {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        tokens = sum(r.tokens for r in results)
+        return {
+            "tokens_per_s": tokens / elapsed,
+            "ttft_p50_s": statistics.median(r.ttft for r in results),
+        }
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 async def short_during_long(url: str, long_tokens: int) -> dict[str, float]:
     async with httpx.AsyncClient(timeout=600) as client:
         long_req = Req("the cat sat on a mat", long_tokens)
@@ -227,6 +297,12 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="a tiny model: checks it runs")
+    parser.add_argument(
+        "--no-transformers-serve",
+        dest="transformers_serve",
+        action="store_false",
+        help="do not run the streams against transformers serve",
+    )
     parser.add_argument("--json", default="load_test_results/generation.json")
     args = parser.parse_args()
     low, high = (int(x) for x in args.max_new.split(","))
@@ -257,6 +333,11 @@ def main() -> None:
         finally:
             server.stop()
         offline = offline_continuous(folder, reqs)
+        serve = (
+            transformers_serve(folder, reqs, args.concurrency, Path(tmp) / "serve.log")
+            if args.transformers_serve
+            else {"error": "not run"}
+        )
     figures: dict[str, Any] = {
         "requests": args.requests,
         "concurrency": args.concurrency,
@@ -267,6 +348,7 @@ def main() -> None:
         "ttft_p50_s": statistics.median(r.ttft for r in results),
         "lone_ttft_s": statistics.median(r.ttft for r in lone),
         "short_during_long": race,
+        "transformers_serve": serve,
     }
     offline_rate = offline.get("tokens_per_s")
     rows = [
@@ -275,6 +357,10 @@ def main() -> None:
         (
             "transformers continuous batching offline, tokens/s",
             f"{offline_rate:.0f}" if offline_rate else offline.get("error", "?"),
+        ),
+        (
+            "transformers serve (continuous batching), tokens/s",
+            f"{serve['tokens_per_s']:.0f}" if "tokens_per_s" in serve else serve["error"],
         ),
         (
             "TTFT p50 under load / lone",
