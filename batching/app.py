@@ -25,8 +25,10 @@ from batching.grpc import GrpcLimits, GrpcServer
 from batching.grpc.auth import ApiKeyInterceptor
 from batching.grpc.control import ControlServicer
 from batching.http.auth import OPEN_PATHS, ApiKeyMiddleware
+from batching.http.completions import completion_routes
 from batching.http.connections import ConnectionLimits
 from batching.http.errors import EXCEPTION_HANDLERS
+from batching.http.generate import generate_routes
 from batching.http.listeners import METRICS_PATH, ListenerRoutes
 from batching.http.logging_ext import logging_routes
 from batching.http.middleware import RequestIdMiddleware
@@ -364,6 +366,8 @@ def create_app(
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         *v2_routes(plane, max_body_bytes),
         *openai_routes(plane, max_body_bytes),
+        *completion_routes(plane, max_body_bytes),
+        *generate_routes(plane, max_body_bytes),
         *rerank_routes(plane, max_body_bytes),
         *token_routes(plane, max_body_bytes),
         *multivector_routes(plane, max_body_bytes),

@@ -114,6 +114,32 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+        # Generation token by token (the streaming doors' decode loop).
+        self.first_token = Histogram(
+            "batching_time_to_first_token_seconds",
+            "Time from admission to the first generated token (streamed generation).",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.generated_tokens = Counter(
+            "batching_generated_tokens",
+            "Tokens generated token by token (streamed generation).",
+            ["model"],
+            registry=r,
+        )
+        self.generation_sequences = Gauge(
+            "batching_generation_sequences",
+            "Sequences accepted by the decode loop and not finished (running or waiting).",
+            ["model"],
+            registry=r,
+        )
+        self.generation_reserved = Gauge(
+            "batching_generation_reserved_tokens",
+            "Tokens (prompt and max_new_tokens) the accepted sequences hold of the budget.",
+            ["model"],
+            registry=r,
+        )
         # Autoscaling signals: set at each scrape from the batcher's counters, so they are
         # true at the instant of the scrape (not averages over completed requests).
         self.queue_requests = Gauge(
@@ -198,6 +224,10 @@ class Metrics:
         self.capacity.labels(name).set(signals.capacity)
         self.expected_wait.labels(name).set(signals.expected_wait)
         self.busy_ratio.labels(name).set(signals.busy_ratio)
+        decoder = deployment.decoder
+        if decoder is not None:
+            self.generation_sequences.labels(name).set(decoder.active)
+            self.generation_reserved.labels(name).set(decoder.reserved)
         if deployment.warmup_s:
             self.warmup.labels(deployment.name).set(deployment.warmup_s[-1])
         engine = deployment.metadata.get("engine")

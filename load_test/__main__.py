@@ -12,8 +12,10 @@ from load_test.extra import require_loadtest_extra
 require_loadtest_extra("python -m load_test")
 
 import argparse  # noqa: E402
+import asyncio  # noqa: E402
 import datetime as dt  # noqa: E402
 import math  # noqa: E402
+import random  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -33,6 +35,7 @@ from load_test.payloads import (  # noqa: E402
     PayloadSet,
     build_payloads,
     load_texts,
+    make_sentence,
     parse_range,
 )
 from load_test.reach import Unreachable, check_reachable  # noqa: E402
@@ -47,6 +50,13 @@ from load_test.schedule import PROCESSES, Segment, ramp, steps  # noqa: E402
 from load_test.serverproc import DEFAULT_COMMAND, ServerStartError, free_port  # noqa: E402
 from load_test.soak import add_parser as add_soak_parser  # noqa: E402
 from load_test.soak import cmd_soak  # noqa: E402
+from load_test.streams import (  # noqa: E402
+    STREAM_APIS,
+    StreamSpec,
+    format_streams,
+    plot_streams,
+    run_streams,
+)
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -110,16 +120,32 @@ def _powers_of_two(limit: int) -> list[int]:
     return [1 << k for k in range(int(math.log2(limit)) + 1)]
 
 
-def _add_traffic(p: argparse.ArgumentParser, *, items: bool = True) -> None:
+def _add_traffic(p: argparse.ArgumentParser, *, items: bool = True, streams: bool = False) -> None:
     g = p.add_argument_group("what each request carries")
     g.add_argument(
         "--api",
-        choices=API_CHOICES,
+        choices=API_CHOICES + (STREAM_APIS if streams else ()),
         default="json",
         help="the server's door: plain text (one input), JSON {'inputs': [...]}, KServe v2 "
         "with JSON (v2) or binary (v2-binary) tensors, OpenAI /v1/embeddings (openai), or "
-        "KServe v2 ModelInfer over gRPC (grpc) (default: json)",
+        "KServe v2 ModelInfer over gRPC (grpc) (default: json)"
+        + (
+            "; streamed generation: OpenAI /v1/completions (openai-completions), "
+            "/v1/chat/completions (openai-chat) or KServe v2 generate_stream (v2-generate), "
+            "reporting time to first token, inter-token latency and output tokens/s"
+            if streams
+            else ""
+        ),
     )
+    if streams:
+        g.add_argument(
+            "--max-tokens",
+            type=_range,
+            default=(8, 128),
+            metavar="N|A-B",
+            help="streamed generation: max_tokens per request, fixed or uniform in a range "
+            "(default: 8-128)",
+        )
     g.add_argument(
         "--model-name",
         default=DEFAULT_MODEL_NAME,
@@ -301,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-plots", action="store_true", help="skip the PNG files")
     _add_metrics(run)
     _add_server_pid(run)
-    _add_traffic(run)
+    _add_traffic(run, streams=True)
     _add_output(run, "run")
 
     sweep = sub.add_parser(
@@ -537,7 +563,47 @@ def _segments(args: argparse.Namespace) -> tuple[Segment, ...]:
     return tuple(steps(args.steps, args.step_duration))
 
 
+def cmd_streams(args: argparse.Namespace) -> int:
+    """``run`` with a streamed generation door (:mod:`load_test.streams`)."""
+    if args.rate is not None or args.ramp is not None or args.steps is not None:
+        raise UsageError("streamed generation runs closed loop: use --concurrency")
+    try:
+        texts = load_texts(args.payload_file) if args.payload_file else None
+    except (OSError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    rng = random.Random(args.seed)
+    prompts = texts or [make_sentence(rng, rng.randint(*args.words)) for _ in range(256)]
+    if args.requests is None and args.duration is None:
+        args.duration = 10.0
+    spec = StreamSpec(
+        url=args.url,
+        api=args.api,
+        model=args.model_name,
+        prompts=prompts,
+        max_tokens=args.max_tokens,
+        concurrency=args.concurrency or 8,
+        requests=args.requests,
+        duration=args.duration,
+        timeout=args.timeout,
+        seed=args.seed,
+    )
+    out = _out_dir(args)
+    doc = asyncio.run(run_streams(spec))
+    doc["label"] = args.label
+    files = {"result": str(out / "result.json")}
+    if not args.no_plots:
+        plot_streams(out / "streams.png", doc)
+        files["streams_plot"] = str(out / "streams.png")
+    doc["files"] = files
+    write_json(out / "result.json", doc)
+    print(format_streams(doc))
+    print(f"  files       {', '.join(files.values())}")
+    return 0 if doc["ok_requests"] else 1
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.api in STREAM_APIS:
+        return cmd_streams(args)
     target = _target(args.url)
     payloads = _payloads(args, args.items)
     open_loop = args.rate is not None or args.ramp is not None or args.steps is not None

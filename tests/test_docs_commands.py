@@ -138,6 +138,12 @@ RULES: tuple[Rule, ...] = (
         "README's task examples ask models the quick start does not serve: "
         "tests/test_text_tasks.py sends each of these bodies to a served model of its task",
     ),
+    Rule(
+        r"curl -sN? 127\.0\.0\.1:8000/(v1/(chat/)?completions|v2/models/my-gpt2/generate)",
+        "skip",
+        "README's streaming examples ask a text-generation model the quick start does not serve: "
+        "tests/test_streaming_doors.py sends these bodies to a served one",
+    ),
     Rule(r"curl ", "client"),
     # README, "API keys, CORS and the metrics port": a key file, and a server that asks for it.
     Rule(r"printf 'sk-first\\nsk-second\\n' > keys && chmod 600 keys$", "setup"),
@@ -225,6 +231,12 @@ RULES: tuple[Rule, ...] = (
         r"1-6 --max-batch-sizes)",
         "flags",
         "a benchmark: the docs' figures come from it",
+    ),
+    Rule(
+        r"python -m load_test run --url http://127\.0\.0\.1:8000 --api openai-completions ",
+        "flags",
+        "a load on a text-generation model the quick start does not serve: "
+        "tests/test_streaming_doors.py runs the tool's streamed generation against one",
     ),
     Rule(
         r"sudo apt-get install -y haproxy",

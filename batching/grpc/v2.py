@@ -3,9 +3,9 @@
 Health, server and model metadata, model readiness, configuration and statistics, the
 repository index and ``ModelInfer``; errors are gRPC status codes (:mod:`.errors`). What the
 protocol means lives in :mod:`batching.kserve`, as for the HTTP door; this module is its gRPC
-door, a codec over :class:`~batching.service.DataPlane`. The streaming, shared-memory and
-trace RPCs answer ``UNIMPLEMENTED``; repository control and the log settings are
-:mod:`.control`'s.
+door, a codec over :class:`~batching.service.DataPlane`. ``ModelStreamInfer`` streams a
+text-generation model's pieces (:mod:`.streams`). The shared-memory and trace RPCs answer
+``UNIMPLEMENTED``; repository control and the log settings are :mod:`.control`'s.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from batching.service import DataPlane
 
 from .calls import OFFLOAD_BYTES, REQUEST_ID_KEY, refuse
 from .errors import CANCELLED, INTERNAL, status_of
+from .streams import model_stream_infer
 from .tensors import check_item_count, encode_infer_response, parse_infer_request
 
 __all__ = ["InferenceServicer"]
@@ -244,6 +245,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         assert failure is not None
         _refused(context, failure[0], status, failure[1], rid)
         return None
+
+    async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> Any:
+        """Decoupled responses for a text-generation model (:mod:`.streams`)."""
+        async for response in model_stream_infer(
+            self.plane, request_iterator, context, self._new_id
+        ):
+            yield response
 
     def count_refused(self, status: int, reason: str | None, started: float) -> None:
         """Count a call refused before its method ran (:mod:`.calls`), under model ""."""

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import torch
 from transformers.models.auto.modeling_auto import AutoModelForCausalLM
 
+from .decoding import DecodeBatch, check_cache
 from .generation import MAX_NEW_TOKENS_CAP, Settings, cut_at_stop
 from .generator import Generator, Prompt
 from .parameters import Param
@@ -83,6 +84,18 @@ class TextGenerator(Generator):
     def load(self, device: str) -> None:
         super().load(device)
         self.max_seq_length = self.positions()
+
+    def decode_batch(self) -> DecodeBatch:
+        """An empty running batch for iteration-level decoding on this instance.
+
+        :raises NotImplementedError: the model's cache cannot join a running batch.
+        """
+        check_cache(self._model.config)
+        eos = self._model.generation_config.eos_token_id
+        if eos is None:
+            eos = self._tokenizer.eos_token_id
+        ends = [eos] if isinstance(eos, int) else list(eos or [])
+        return DecodeBatch(self._model, self._tokenizer, ends, self._prepare)
 
     def empty_input(self) -> list[int]:
         # An empty prompt starts from the beginning-of-text token, as GPT-2 was trained to.

@@ -26,6 +26,7 @@ from transformers.models.auto.tokenization_auto import AutoTokenizer
 from batching.errors import PayloadTooLarge, UnprocessableInput
 
 from ._torch import WEIGHTS_LOADING, TokenCounter, resolve_device, warmup_text
+from .chat import Chat
 from .engines.options import EngineOptions
 from .generation import (
     MAX_NEW_TOKENS_CAP,
@@ -193,6 +194,7 @@ class Generator:
         :raises UnprocessableInput: not a text, or nothing the model can start from.
         """
         try:
+            item = self._render(item, self._tokenizer)
             text, parameters = input_text(item)
             stop = check_stop(parameters.get("stop", ()))
             source = self.source_text(text, parameters)
@@ -224,9 +226,32 @@ class Generator:
 
     # -- hooks ------------------------------------------------------------------------------
 
+    def _render(self, item: Any, tokenizer: Any) -> Any:
+        """``item`` with a :class:`~.chat.Chat` turned into its prompt by the tokenizer's
+        chat template (what the model is asked to continue).
+
+        :raises ValueError: the tokenizer has no chat template.
+        """
+        chat = item.input if isinstance(item, TaskItem) else item
+        if not isinstance(chat, Chat):
+            return item
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                "this model's tokenizer has no chat template: send a prompt to /v1/completions"
+            )
+        text = tokenizer.apply_chat_template(
+            chat.as_messages(), tokenize=False, add_generation_prompt=True
+        )
+        return TaskItem(text, item.parameters) if isinstance(item, TaskItem) else text
+
     def _text_of(self, item: Any) -> str | None:
         if isinstance(item, TaskItem):
             item = item.input
+        if isinstance(item, Chat):
+            try:
+                item = self._render(item, self._token_counter().tokenizer)
+            except ValueError:
+                return None
         return item if isinstance(item, str) else None
 
     def _token_counter(self) -> TokenCounter:

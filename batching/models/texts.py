@@ -98,6 +98,11 @@ class TokenCounter:
             backend.enable_truncation(self.max_length)
             self._backend = backend
 
+    @property
+    def tokenizer(self) -> Any:
+        """The counter's own tokenizer (its chat template, for counting a chat's prompt)."""
+        return self._tokenizer
+
     def count(self, text: str, pair: str | None = None) -> int:
         """Tokens of ``text`` (and ``pair``, as one sequence pair), special tokens included,
         after truncation at the max length: what the input costs in a batch."""

@@ -19,6 +19,7 @@ from batching.errors import NotReady
 from batching.models.protocol import ModelHooks, hooks_of
 
 from .base import InstanceFactory, ModelFactory
+from .decoding import Decoder, run_decoder
 from .leases import Leases
 from .process import ProcessInstance
 from .threads import ThreadInstance
@@ -142,6 +143,15 @@ class Deployment:
         self.count_tokens: Callable[[Any], int] | None = None
         self._counting: ModelHooks | None = None
         self._counting_built = asyncio.Lock()
+        #: The iteration-level scheduler of a text-generation model on thread instances
+        #: (the streaming doors); None for every other model.
+        self.decoder: Decoder | None = None
+        if config.instance_kind == "thread" and config.model_source.task == "text-generation":
+            self.decoder = Decoder(
+                config.name,
+                config.batching.max_batch_size,
+                config.batching.max_batch_tokens or None,
+            )
         #: The requests that resolved this deployment and have not answered yet.
         self.leases = Leases()
 
@@ -253,6 +263,10 @@ class Deployment:
             # Ready before on_ready is told, so that it sees this instance serving.
             self.batcher.ready_instances += 1
             serving_since = self._clock()
+            decoding: asyncio.Task[None] | None = None
+            call = getattr(instance, "call", None)
+            if self.decoder is not None and call is not None:
+                decoding = asyncio.create_task(run_decoder(self.decoder, call))
             try:
                 if self._on_ready is not None:
                     self._on_ready(self, index, info)
@@ -261,6 +275,10 @@ class Deployment:
                 logger.error("model %s instance %d died (%s); restarting", self.name, index, exc)
             finally:
                 self.batcher.ready_instances -= 1
+                if decoding is not None:
+                    decoding.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await decoding
                 instance.close()
             if self.batcher.draining:
                 return  # shutting down: nothing to restart for
@@ -270,8 +288,12 @@ class Deployment:
         """Refuse new requests (503, and not ready) and wait up to ``grace`` seconds for what
         was accepted to be served; the instances keep running."""
         self.batcher.drain()
+        if self.decoder is not None:
+            self.decoder.drain()
         deadline = time.monotonic() + grace
-        while not self.batcher.idle and time.monotonic() < deadline:
+        while (
+            not self.batcher.idle or (self.decoder is not None and not self.decoder.idle)
+        ) and time.monotonic() < deadline:
             if self.batcher.ready_instances == 0:
                 break
             await asyncio.sleep(0.01)

@@ -7,7 +7,8 @@ model releases the GIL while it computes, as torch does.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from batching.core.jobs import InstanceLost, Outputs
 from batching.models.protocol import Model
@@ -16,6 +17,8 @@ from .base import InstanceBase, predict_timed
 from .warmup import InstanceInfo, load_and_warm
 
 __all__ = ["ThreadInstance"]
+
+T = TypeVar("T")
 
 
 class ThreadInstance(InstanceBase):
@@ -53,6 +56,15 @@ class ThreadInstance(InstanceBase):
             raise InstanceLost("the instance has no loaded model")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, predict_timed, model, inputs)
+
+    async def call(self, function: Callable[[Any], T]) -> T:
+        """``function(model)`` on the instance's thread (between its batches): how the
+        decode loop (:mod:`.decoding`) steps the model."""
+        model = self._model
+        if model is None:
+            raise InstanceLost("the instance has no loaded model")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, function, model)
 
     def close(self) -> None:
         self._model = None

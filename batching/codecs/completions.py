@@ -1,0 +1,299 @@
+"""OpenAI's text generation bodies: ``POST /v1/completions`` and ``POST /v1/chat/completions``,
+their answers and their streamed chunks (pure functions over bytes and dicts).
+
+What a request may set, and how it maps onto the task's parameters
+(:mod:`batching.models.tasks.generation`):
+
+- ``max_tokens`` (chat also ``max_completion_tokens``) is ``max_new_tokens``;
+- ``temperature`` 0 picks the most likely token, above 0 samples at that temperature; left
+  out, the model's generation config decides (most models: the most likely token);
+- ``top_p`` and ``seed`` apply when sampling; ``stop`` is a string or a list of strings;
+- ``n`` may only be 1; ``stream`` and ``stream_options.include_usage``; ``user`` is taken and
+  not used. Every other field is a 400 naming it, unless it is sent as OpenAI's default
+  (``logprobs: null``, ``echo: false``, ``presence_penalty: 0``, ...), which changes nothing.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from batching.errors import InvalidRequest
+from batching.models.chat import Chat
+
+__all__ = [
+    "CompletionRequest",
+    "chunk",
+    "completion",
+    "parse_chat",
+    "parse_completion",
+    "sse",
+    "usage",
+    "usage_chunk",
+]
+
+#: Fields that change nothing when sent with these values (OpenAI's defaults).
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}),
+    "best_of": (None, 1),
+    "suffix": (None,),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "parallel_tool_calls": (None,),
+    "response_format": (None, {"type": "text"}),
+    "service_tier": (None, "auto", "default"),
+    "store": (None, False),
+    "metadata": (None,),
+}
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream"}
+_COMMON |= {"stream_options", "user"}
+_ROLES = {"system", "developer", "user", "assistant"}
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRequest:
+    """A parsed request: the model, what it continues, the task parameters it sets."""
+
+    model: str
+    input: str | Chat
+    parameters: dict[str, Any]
+    stream: bool
+    include_usage: bool
+    chat: bool
+
+
+def _object(body: bytes) -> dict[str, Any]:
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise InvalidRequest("the body is not valid JSON") from None
+    if not isinstance(parsed, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    return parsed
+
+
+def _number(body: dict[str, Any], key: str, low: float, high: float) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise InvalidRequest(f"{key} must be a number from {low:g} to {high:g}")
+    return float(value)
+
+
+def _common(body: dict[str, Any], allowed: set[str], max_key: str) -> dict[str, Any]:
+    for key, value in body.items():
+        if key in allowed:
+            continue
+        if key in _NEUTRAL:
+            if value not in _NEUTRAL[key]:
+                raise InvalidRequest(f"{key} is not supported by this server")
+            continue
+        raise InvalidRequest(f"unknown field {key!r}")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model must be the name of a served model")
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or n != 1):
+        raise InvalidRequest("n: only 1 is supported (one choice per request)")
+    parameters: dict[str, Any] = {}
+    maximum = body.get(max_key)
+    if maximum is None and max_key != "max_tokens":
+        maximum = body.get("max_tokens")
+    if maximum is not None:
+        if isinstance(maximum, bool) or not isinstance(maximum, int) or maximum < 1:
+            raise InvalidRequest(f"{max_key} must be an integer of at least 1")
+        parameters["max_new_tokens"] = maximum
+    temperature = _number(body, "temperature", 0.0, 2.0)
+    if temperature is not None:
+        parameters["do_sample"] = temperature > 0
+        if temperature > 0:
+            parameters["temperature"] = temperature
+    top_p = _number(body, "top_p", 0.0, 1.0)
+    if top_p is not None:
+        parameters["top_p"] = top_p
+    seed = body.get("seed")
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise InvalidRequest("seed must be a non-negative integer")
+        parameters["seed"] = seed
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None:
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise InvalidRequest("stop must be a string or a list of strings")
+        if stop:
+            parameters["stop"] = stop
+    return parameters
+
+
+def _streaming(body: dict[str, Any]) -> tuple[bool, bool]:
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise InvalidRequest("stream must be true or false")
+    options = body.get("stream_options")
+    include = False
+    if options is not None:
+        if not stream:
+            raise InvalidRequest("stream_options is only allowed with stream: true")
+        if not isinstance(options, dict) or set(options) - {"include_usage"}:
+            raise InvalidRequest("stream_options takes include_usage only")
+        value = options.get("include_usage", False)
+        if not isinstance(value, bool):
+            raise InvalidRequest("stream_options.include_usage must be true or false")
+        include = value
+    return bool(stream), include
+
+
+def parse_completion(body: bytes) -> CompletionRequest:
+    """A ``/v1/completions`` body.
+
+    :raises InvalidRequest: what the module docstring says is refused.
+    """
+    parsed = _object(body)
+    parameters = _common(parsed, _COMMON | {"prompt"}, "max_tokens")
+    prompt = parsed.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise InvalidRequest("prompt must be a string (one prompt per request)")
+    stream, include = _streaming(parsed)
+    return CompletionRequest(parsed["model"], prompt, parameters, stream, include, False)
+
+
+def _content(index: int, content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise InvalidRequest(f"messages[{index}].content: only text parts are supported")
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise InvalidRequest(f"messages[{index}].content: a text part needs a text")
+            texts.append(text)
+        return "".join(texts)
+    raise InvalidRequest(f"messages[{index}].content must be a string or a list of text parts")
+
+
+def parse_chat(body: bytes) -> CompletionRequest:
+    """A ``/v1/chat/completions`` body.
+
+    :raises InvalidRequest: what the module docstring says is refused, and messages that are
+        not a non-empty list of ``{role, content}`` with text content.
+    """
+    parsed = _object(body)
+    allowed = _COMMON | {"messages", "max_completion_tokens"}
+    parameters = _common(parsed, allowed, "max_completion_tokens")
+    messages = parsed.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("messages must be a non-empty list")
+    pairs: list[tuple[str, str]] = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidRequest(f"messages[{index}] must be an object")
+        role = message.get("role")
+        if role not in _ROLES:
+            raise InvalidRequest(f"messages[{index}].role must be one of {sorted(_ROLES)}")
+        if set(message) - {"role", "content", "name"}:
+            raise InvalidRequest(f"messages[{index}]: only role, content and name are supported")
+        pairs.append((str(role), _content(index, message.get("content"))))
+    stream, include = _streaming(parsed)
+    return CompletionRequest(parsed["model"], Chat(tuple(pairs)), parameters, stream, include, True)
+
+
+def new_id(chat: bool) -> str:
+    """An answer's id (``chatcmpl-...`` or ``cmpl-...``)."""
+    return ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
+
+
+def usage(prompt: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt + completion_tokens,
+    }
+
+
+def completion(
+    request: CompletionRequest,
+    answer_id: str,
+    created: int,
+    text: str,
+    finish: str | None,
+    counts: dict[str, int],
+) -> bytes:
+    """The answer of a request without ``stream``."""
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+    if request.chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    return orjson.dumps(
+        {
+            "id": answer_id,
+            "object": "chat.completion" if request.chat else "text_completion",
+            "created": created,
+            "model": request.model,
+            "choices": [choice],
+            "usage": counts,
+        }
+    )
+
+
+def chunk(
+    request: CompletionRequest,
+    answer_id: str,
+    created: int,
+    text: str | None,
+    finish: str | None = None,
+    *,
+    first: bool = False,
+) -> dict[str, Any]:
+    """One streamed chunk: a piece of text, or the end (``finish``)."""
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+    if request.chat:
+        delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        if text is not None:
+            delta["content"] = text
+        choice["delta"] = delta
+    else:
+        choice["text"] = text or ""
+    return {
+        "id": answer_id,
+        "object": "chat.completion.chunk" if request.chat else "text_completion",
+        "created": created,
+        "model": request.model,
+        "choices": [choice],
+        "usage": None,
+    }
+
+
+def usage_chunk(
+    request: CompletionRequest, answer_id: str, created: int, counts: dict[str, int]
+) -> dict[str, Any]:
+    """The chunk before ``[DONE]`` when ``stream_options.include_usage`` is set."""
+    return {
+        "id": answer_id,
+        "object": "chat.completion.chunk" if request.chat else "text_completion",
+        "created": created,
+        "model": request.model,
+        "choices": [],
+        "usage": counts,
+    }
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    """One server-sent event: ``data: <json>`` and a blank line."""
+    payload = data.encode() if isinstance(data, str) else orjson.dumps(data)
+    return b"data: " + payload + b"\n\n"

@@ -1,0 +1,145 @@
+"""OpenAI-compatible text generation: ``POST /v1/completions`` and ``POST /v1/chat/completions``
+for a text-generation model, with and without ``stream: true``.
+
+A streamed answer is server-sent events: ``data: {chunk}`` per piece of text (chat: the first
+delta carries ``role: assistant``), a last chunk with its ``finish_reason``, the usage chunk
+when ``stream_options.include_usage`` is set, then ``data: [DONE]``. Everything that can go
+wrong before the first token (a bad body, an unknown model, a full token budget, the deadline)
+is an ordinary OpenAI error answer with its status; an error after it is one
+``data: {"error": {...}}`` event, and the stream ends. A client that goes away stops its
+sequence at the next decode step. The body format is :mod:`batching.codecs.completions`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from batching.answers import internal_message
+from batching.codecs.completions import (
+    CompletionRequest,
+    chunk,
+    completion,
+    new_id,
+    parse_chat,
+    parse_completion,
+    sse,
+    usage,
+    usage_chunk,
+)
+from batching.codecs.task_parameters import task_items
+from batching.errors import BatchingError
+from batching.service import DataPlane
+from batching.streaming import Generation, open_stream
+
+from .errors import CLIENT_CLOSED, recorded, status_of, with_request_id
+from .middleware import request_id_of
+from .openai import ANY_METHOD, openai_endpoint, served_model
+from .requests import disconnect_of, read_unattributed_body, timeout_of
+
+__all__ = ["completion_routes", "is_generation_model"]
+
+logger = logging.getLogger("batching")
+
+#: Headers of a stream: no caching, and no buffering in a proxy in front.
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def is_generation_model(metadata: Mapping[str, Any]) -> bool:
+    """Whether a model's metadata says it generates text from a prompt."""
+    return metadata.get("task") == "text-generation"
+
+
+def _error_event(exc: BaseException, request_id: str) -> bytes:
+    if isinstance(exc, BatchingError):
+        status = status_of(exc)
+        message = with_request_id(str(exc), status, request_id)
+        kind = "invalid_request_error" if status < 500 else "server_error"
+    else:
+        logger.error("request %s failed while streaming", request_id, exc_info=exc)
+        message, kind = internal_message(request_id), "server_error"
+    return sse({"error": {"message": message, "type": kind, "param": None, "code": None}})
+
+
+async def _events(
+    parsed: CompletionRequest, generation: Generation, request_id: str
+) -> AsyncIterator[bytes]:
+    answer_id, created = new_id(parsed.chat), int(time.time())
+    first = parsed.chat
+    try:
+        if first:
+            yield sse(chunk(parsed, answer_id, created, "", first=True))
+        async for text in generation.pieces():
+            yield sse(chunk(parsed, answer_id, created, text))
+        yield sse(chunk(parsed, answer_id, created, None, generation.finish))
+        if parsed.include_usage:
+            counts = usage(generation.prompt_tokens, generation.completion_tokens)
+            yield sse(usage_chunk(parsed, answer_id, created, counts))
+        yield sse("[DONE]")
+    except Exception as exc:
+        yield _error_event(exc, request_id)
+    finally:
+        # Also when the client went away and the response was cancelled.
+        generation.close()
+
+
+def completion_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
+    """The OpenAI text generation routes over ``plane``."""
+
+    async def generate(request: Request, chat: bool) -> Response:
+        body = await read_unattributed_body(plane, request, max_body_bytes)
+        parsed = parse_chat(body) if chat else parse_completion(body)
+        deployment = served_model(plane, parsed.model, is_generation_model, "a text-generation")
+        request_id = request_id_of(request.scope)
+        with recorded(plane, deployment) as outcome:
+            deadline = plane.deadline(deployment, timeout_of(request))
+            (item,) = task_items(deployment, [parsed.input], parsed.parameters, where="the request")
+            generation = await open_stream(
+                plane, deployment, item, deadline=deadline, request_id=request_id
+            )
+            if parsed.stream:
+                outcome.status = 200
+                return StreamingResponse(
+                    _events(parsed, generation, request_id),
+                    media_type="text/event-stream",
+                    headers=SSE_HEADERS,
+                )
+            answer = asyncio.ensure_future(generation.complete())
+            gone = asyncio.ensure_future(disconnect_of(request)())
+            try:
+                await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+                if not answer.done():
+                    generation.close()
+                    answer.cancel()
+            if not answer.done() or answer.cancelled():
+                outcome.status = CLIENT_CLOSED
+                return Response(status_code=CLIENT_CLOSED)
+            text = answer.result()
+            counts = usage(generation.prompt_tokens, generation.completion_tokens)
+            result = completion(
+                parsed, new_id(chat), int(time.time()), text, generation.finish, counts
+            )
+            outcome.status = 200
+            return Response(result, media_type="application/json")
+
+    async def completions(request: Request) -> Response:
+        return await generate(request, chat=False)
+
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, chat=True)
+
+    return [
+        Route("/v1/completions", openai_endpoint(completions, "POST"), methods=ANY_METHOD),
+        Route(
+            "/v1/chat/completions", openai_endpoint(chat_completions, "POST"), methods=ANY_METHOD
+        ),
+    ]

@@ -1,0 +1,108 @@
+"""KServe v2's generate extension, as Triton serves it: ``POST /v2/models/{m}/generate`` (the
+whole text) and ``/generate_stream`` (server-sent events, one per piece of text), also under
+``/versions/{v}``, for a text-generation model. The body is :mod:`batching.kserve.generate`;
+errors before the first byte are the v2 error body with their status, after it a
+``data: {"error": "..."}`` event. A client that goes away stops its sequence at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from batching.answers import internal_message
+from batching.codecs.completions import sse
+from batching.codecs.task_parameters import task_items
+from batching.errors import BatchingError
+from batching.kserve.generate import answer, parse_generate
+from batching.models.parameters import declared_parameters
+from batching.service import DataPlane
+from batching.streaming import Generation, open_stream
+
+from .completions import SSE_HEADERS
+from .errors import CLIENT_CLOSED, recorded, status_of, with_request_id
+from .middleware import request_id_of
+from .requests import disconnect_of, read_body, timeout_of
+
+__all__ = ["generate_routes"]
+
+logger = logging.getLogger("batching")
+
+
+async def _events(
+    model: str, version: str, generation: Generation, request_id: str
+) -> AsyncIterator[bytes]:
+    try:
+        async for text in generation.pieces():
+            yield sse(answer(model, version, text))
+    except Exception as exc:
+        if isinstance(exc, BatchingError):
+            message = with_request_id(str(exc), status_of(exc), request_id)
+        else:
+            logger.error("request %s failed while streaming", request_id, exc_info=exc)
+            message = internal_message(request_id)
+        yield sse({"error": message})
+    finally:
+        generation.close()
+
+
+def generate_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
+    """The generate routes over ``plane``."""
+
+    async def generate(request: Request, stream: bool) -> Response:
+        name = request.path_params["model"]
+        deployment = plane.deployment(name, request.path_params.get("version"))
+        with recorded(plane, deployment) as outcome:
+            deadline = plane.deadline(deployment, timeout_of(request))
+            body = await read_body(request, max_body_bytes)
+            parsed = parse_generate(body, set(declared_parameters(deployment.metadata)))
+            (item,) = task_items(
+                deployment, [parsed.text], parsed.parameters, where="the request's parameters"
+            )
+            request_id = request_id_of(request.scope)
+            generation = await open_stream(
+                plane, deployment, item, deadline=deadline, request_id=request_id
+            )
+            version = deployment.config.version
+            if stream:
+                outcome.status = 200
+                return StreamingResponse(
+                    _events(name, version, generation, request_id),
+                    media_type="text/event-stream",
+                    headers=SSE_HEADERS,
+                )
+            whole = asyncio.ensure_future(generation.complete())
+            gone = asyncio.ensure_future(disconnect_of(request)())
+            try:
+                await asyncio.wait({whole, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+                if not whole.done():
+                    generation.close()
+                    whole.cancel()
+            if not whole.done() or whole.cancelled():
+                outcome.status = CLIENT_CLOSED
+                return Response(status_code=CLIENT_CLOSED)
+            outcome.status = 200
+            return Response(
+                orjson.dumps(answer(name, version, whole.result())),
+                media_type="application/json",
+            )
+
+    async def generate_whole(request: Request) -> Response:
+        return await generate(request, stream=False)
+
+    async def generate_stream(request: Request) -> Response:
+        return await generate(request, stream=True)
+
+    routes = []
+    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        routes.append(Route(prefix + "/generate", generate_whole, methods=["POST"]))
+        routes.append(Route(prefix + "/generate_stream", generate_stream, methods=["POST"]))
+    return routes

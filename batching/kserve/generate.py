@@ -1,0 +1,73 @@
+"""KServe v2's generate extension as Triton serves it: the body of
+``POST /v2/models/{m}/generate`` and ``/generate_stream``, and what they answer (pure).
+
+The body is a JSON object whose keys are the model's inputs (``text_input``) and
+``parameters``. The parameters are the task's (``max_new_tokens``, ``temperature``,
+``do_sample``, ``top_p``, ``top_k``, ``seed``, ``stop``, ...; ``max_tokens`` is taken as
+``max_new_tokens``, as Triton's LLM backends name it); a parameter may also be sent as a key of
+its own, as Triton's ensembles take them as inputs. ``stream`` is taken and decided by the
+route. Anything else is a 400 naming it. The answer is ``{"model_name", "model_version",
+"text_output"}``; a stream sends one such event per piece of text, and an error after the
+first byte as ``data: {"error": "..."}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from batching.errors import InvalidRequest
+
+__all__ = ["GenerateRequest", "answer", "parse_generate"]
+
+#: The input a generate request continues.
+TEXT_INPUT = "text_input"
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    text: str
+    parameters: dict[str, Any]
+
+
+def parse_generate(body: bytes, declared: set[str]) -> GenerateRequest:
+    """A generate body; ``declared`` holds the task parameters the model takes.
+
+    :raises InvalidRequest: not a JSON object, no text, or an unknown key.
+    """
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise InvalidRequest("the body is not valid JSON") from None
+    if not isinstance(parsed, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    text = parsed.pop(TEXT_INPUT, None)
+    if isinstance(text, list) and len(text) == 1:
+        text = text[0]
+    if not isinstance(text, str):
+        raise InvalidRequest(f"{TEXT_INPUT} must be a string")
+    parameters = parsed.pop("parameters", None) or {}
+    if not isinstance(parameters, dict):
+        raise InvalidRequest("parameters must be an object")
+    given: dict[str, Any] = {}
+    for source in (parsed, parameters):
+        for key, value in source.items():
+            name = "max_new_tokens" if key == "max_tokens" else key
+            if name == "stream":
+                continue
+            if name == "return_full_text":
+                raise InvalidRequest(
+                    "return_full_text: generate answers the completion alone (use the infer "
+                    "endpoint for the prompt and completion together)"
+                )
+            if source is parsed and name not in declared:
+                raise InvalidRequest(f"unknown input {key!r}: this model takes {TEXT_INPUT}")
+            given[name] = value
+    return GenerateRequest(text, given)
+
+
+def answer(model: str, version: str, text: str) -> dict[str, Any]:
+    """The answer (or one streamed event) carrying ``text``."""
+    return {"model_name": model, "model_version": version, "text_output": text}

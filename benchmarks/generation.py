@@ -1,0 +1,381 @@
+"""Generation token by token (iteration-level batching, streamed) against the alternatives, in
+one run, on a small causal LM built from a config:
+
+1. **16 concurrent streams** (OpenAI ``/v1/completions``, ``stream: true``) of prompts of mixed
+   lengths and ``max_new_tokens`` mixed between 8 and 128: output tokens/s, and time to first
+   token p50 against a lone request's;
+2. the **same requests through whole-batch generation** (the plain door, one ``generate`` per
+   batch, 16 concurrent): output tokens/s;
+3. the **same requests through transformers' continuous batching offline**
+   (``init_continuous_batching``, in this process, no server): output tokens/s, or the error
+   it raised on this machine;
+4. a **4-token request sent while a 200-token one runs**: both finish times;
+5. the same 16 streams against **``transformers serve --continuous-batching``** started
+   beside it (``--no-transformers-serve`` to skip; its error is the finding if it fails: it
+   needs ``pip install accelerate`` besides FastAPI and uvicorn).
+
+All greedy (the same tokens whichever way), fp32, on the server's default threads. Prints one
+table and writes the figures as JSON (``--json``).
+
+    python benchmarks/generation.py
+    python benchmarks/generation.py --requests 8 --max-new 8,16 --long 24 --quick
+
+This is a benchmark: run it on a quiet machine (``--quick`` only checks that it runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import httpx  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from load_test.serverproc import ServerProcess  # noqa: E402
+
+WORDS = (
+    "the cat sat on a mat while green fish swim in the river and old dogs run fast "
+    "under blue skies near quiet towns where people read books about stars"
+).split()
+MODEL = "gpt"
+
+
+def build_model(folder: Path, positions: int, width: int, layers: int) -> Path:
+    """A GPT-2 with a byte-level tokenizer trained on :data:`WORDS`, random weights."""
+    import torch
+    import transformers
+    from tokenizers import ByteLevelBPETokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    corpus = [" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))]
+    trainer = ByteLevelBPETokenizer()
+    trainer.train_from_iterator(corpus, vocab_size=400, special_tokens=["<|endoftext|>"])
+    vocab, merges = trainer.save_model(str(folder))
+    tokenizer = transformers.GPT2Tokenizer(vocab=vocab, merges=merges)
+    tokenizer.model_max_length = positions
+    tokenizer.save_pretrained(folder)
+    eos = tokenizer.eos_token_id
+    config = transformers.GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=positions,
+        n_embd=width,
+        n_layer=layers,
+        n_head=4,
+        bos_token_id=eos,
+        eos_token_id=eos,
+    )
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    return folder
+
+
+@dataclass
+class Req:
+    prompt: str
+    max_new: int
+
+
+def workload(count: int, low: int, high: int, seed: int = 7) -> list[Req]:
+    rng = random.Random(seed)
+    return [
+        Req(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 60))), rng.randint(low, high))
+        for _ in range(count)
+    ]
+
+
+@dataclass
+class Streamed:
+    ttft: float
+    total: float
+    tokens: int
+
+
+async def stream_one(client: httpx.AsyncClient, url: str, req: Req, model: str = MODEL) -> Streamed:
+    body = {
+        "model": model,
+        "prompt": req.prompt,
+        "max_tokens": req.max_new,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    started = time.perf_counter()
+    ttft = 0.0
+    tokens = 0
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as answer:
+        answer.raise_for_status()
+        async for line in answer.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"]["message"])
+            if not ttft and chunk["choices"]:
+                ttft = time.perf_counter() - started
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return Streamed(ttft, time.perf_counter() - started, tokens)
+
+
+async def bounded(concurrency: int, jobs: list[Any]) -> list[Any]:
+    gate = asyncio.Semaphore(concurrency)
+
+    async def run(job: Any) -> Any:
+        async with gate:
+            return await job
+
+    return await asyncio.gather(*(run(job) for job in jobs))
+
+
+async def streams(
+    url: str, reqs: list[Req], concurrency: int, model: str = MODEL
+) -> tuple[float, list[Streamed]]:
+    async with httpx.AsyncClient(timeout=600) as client:
+        started = time.perf_counter()
+        results = await bounded(concurrency, [stream_one(client, url, r, model) for r in reqs])
+        return time.perf_counter() - started, results
+
+
+async def whole_batches(url: str, reqs: list[Req], concurrency: int) -> float:
+    async def one(client: httpx.AsyncClient, req: Req) -> None:
+        parameters = {"max_new_tokens": req.max_new, "return_full_text": False}
+        answer = await client.post(
+            f"{url}/models/{MODEL}", json={"inputs": [req.prompt], "parameters": parameters}
+        )
+        answer.raise_for_status()
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        started = time.perf_counter()
+        await bounded(concurrency, [one(client, r) for r in reqs])
+        return time.perf_counter() - started
+
+
+def offline_continuous(folder: Path, reqs: list[Req]) -> dict[str, Any]:
+    """transformers' continuous batching manager in this process, greedy."""
+    try:
+        import torch
+        import transformers
+
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(folder), dtype=torch.float32, attn_implementation="sdpa"
+        ).eval()
+        config = transformers.GenerationConfig(
+            do_sample=False, max_new_tokens=max(r.max_new for r in reqs)
+        )
+        # Sized for this workload: on CPU its default sizes the cache from the machine's
+        # total RAM.
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+        page = 32
+        needed = sum(len(tokenizer(r.prompt)["input_ids"]) + r.max_new for r in reqs)
+        cb_config = ContinuousBatchingConfig(
+            page_size=page,
+            num_blocks=needed // page + 2 * len(reqs),
+            max_batch_tokens=2048,
+            max_requests_per_batch=16,
+        )
+        manager = model.init_continuous_batching(
+            generation_config=config, continuous_batching_config=cb_config
+        )
+        manager.start()
+        started = time.perf_counter()
+        ids = [
+            manager.add_request(tokenizer(r.prompt)["input_ids"], max_new_tokens=r.max_new)
+            for r in reqs
+        ]
+        tokens = 0
+        for _ in ids:
+            result = manager.get_result(timeout=600)
+            if result is None:
+                raise RuntimeError("the manager returned no result")
+            tokens += len(result.generated_tokens)
+        elapsed = time.perf_counter() - started
+        manager.stop(block=True)
+        return {"seconds": elapsed, "tokens": tokens, "tokens_per_s": tokens / elapsed}
+    except Exception as exc:  # what it raised on this machine is the finding
+        return {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+
+
+def transformers_serve(folder: Path, reqs: list[Req], concurrency: int, log: Path) -> Any:
+    """The same streams against ``transformers serve --continuous-batching`` on this folder."""
+    import shutil
+    import subprocess
+
+    from load_test.serverproc import free_port
+
+    program = shutil.which("transformers")
+    if program is None:
+        return {"error": "the transformers CLI is not installed"}
+    port = free_port()
+    needed = sum(len(r.prompt.split()) * 2 + r.max_new for r in reqs)
+    argv = [
+        program,
+        "serve",
+        str(folder),
+        "--continuous-batching",
+        "--cb-block-size",
+        "32",
+        "--cb-num-blocks",
+        str(needed // 32 + 2 * len(reqs)),
+        "--cb-max-batch-tokens",
+        "2048",
+        "--device",
+        "cpu",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    url = f"http://127.0.0.1:{port}"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if process.poll() is not None:
+                lines = log.read_text(errors="replace").strip().splitlines() or ["no output"]
+                return {"error": f"exited with {process.returncode}: {lines[-1][:200]}"}
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                return {"error": "not ready after 120 s"}
+            time.sleep(0.2)  # polling a child's readiness: nothing to wait on
+        try:
+            asyncio.run(streams(url, reqs[:1], 1, str(folder)))  # loads the model
+            elapsed, results = asyncio.run(streams(url, reqs, concurrency, str(folder)))
+        except Exception as exc:
+            return {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        tokens = sum(r.tokens for r in results)
+        return {
+            "tokens_per_s": tokens / elapsed,
+            "ttft_p50_s": statistics.median(r.ttft for r in results),
+        }
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+async def short_during_long(url: str, long_tokens: int) -> dict[str, float]:
+    async with httpx.AsyncClient(timeout=600) as client:
+        long_req = Req("the cat sat on a mat", long_tokens)
+        long_task = asyncio.ensure_future(stream_one(client, url, long_req))
+        await asyncio.sleep(0.2)  # the long one is under way (a benchmark, not a test)
+        short = await stream_one(client, url, Req("green fish swim", 4))
+        long = await long_task
+        return {"long_s": long.total, "short_s": short.total, "ratio": short.total / long.total}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--max-new", default="8,128", help="low,high of max_new_tokens")
+    parser.add_argument("--long", type=int, default=200, help="the long request's tokens")
+    parser.add_argument("--positions", type=int, default=512)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--quick", action="store_true", help="a tiny model: checks it runs")
+    parser.add_argument(
+        "--no-transformers-serve",
+        dest="transformers_serve",
+        action="store_false",
+        help="do not run the streams against transformers serve",
+    )
+    parser.add_argument("--json", default="load_test_results/generation.json")
+    args = parser.parse_args()
+    low, high = (int(x) for x in args.max_new.split(","))
+    if args.quick:
+        args.width, args.layers = 32, 2
+    reqs = workload(args.requests, low, high)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = build_model(Path(tmp) / MODEL, args.positions, args.width, args.layers)
+        server = ServerProcess(
+            [
+                "--model",
+                str(folder),
+                "--task",
+                "text-generation",
+                "--max-batch-size",
+                str(args.concurrency),
+            ],
+            cwd=ROOT,
+            log_path=Path(tmp) / "server.log",
+        )
+        server.start()
+        try:
+            lone = [asyncio.run(streams(server.url, [reqs[i]], 1))[1][0] for i in range(3)]
+            elapsed, results = asyncio.run(streams(server.url, reqs, args.concurrency))
+            tokens = sum(r.tokens for r in results)
+            batched_s = asyncio.run(whole_batches(server.url, reqs, args.concurrency))
+            race = asyncio.run(short_during_long(server.url, args.long))
+        finally:
+            server.stop()
+        offline = offline_continuous(folder, reqs)
+        serve = (
+            transformers_serve(folder, reqs, args.concurrency, Path(tmp) / "serve.log")
+            if args.transformers_serve
+            else {"error": "not run"}
+        )
+    figures: dict[str, Any] = {
+        "requests": args.requests,
+        "concurrency": args.concurrency,
+        "output_tokens": tokens,
+        "streams_tokens_per_s": tokens / elapsed,
+        "whole_batch_tokens_per_s": tokens / batched_s,
+        "offline_continuous": offline,
+        "ttft_p50_s": statistics.median(r.ttft for r in results),
+        "lone_ttft_s": statistics.median(r.ttft for r in lone),
+        "short_during_long": race,
+        "transformers_serve": serve,
+    }
+    offline_rate = offline.get("tokens_per_s")
+    rows = [
+        ("streams, output tokens/s", f"{figures['streams_tokens_per_s']:.0f}"),
+        ("whole-batch generate, output tokens/s", f"{figures['whole_batch_tokens_per_s']:.0f}"),
+        (
+            "transformers continuous batching offline, tokens/s",
+            f"{offline_rate:.0f}" if offline_rate else offline.get("error", "?"),
+        ),
+        (
+            "transformers serve (continuous batching), tokens/s",
+            f"{serve['tokens_per_s']:.0f}" if "tokens_per_s" in serve else serve["error"],
+        ),
+        (
+            "TTFT p50 under load / lone",
+            f"{figures['ttft_p50_s'] * 1000:.0f} / {figures['lone_ttft_s'] * 1000:.0f} ms",
+        ),
+        (
+            f"{args.long}-token request / 4-token request sent during it",
+            f"{race['long_s']:.2f} / {race['short_s']:.2f} s",
+        ),
+    ]
+    for name, value in rows:
+        print(f"{name:<55} {value}")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,318 @@
+"""Iteration-level decoding: the running batch of a tiny GPT-2 (greedy tokens independent of
+company: alone, in a burst of 16, joining a running batch), and the scheduler's admission,
+departures, deadlines and per-sequence faults over a scripted batch."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batching.errors import DeadlineExceeded, InferenceFailed, Overloaded, PayloadTooLarge
+from batching.models.causal import TextGenerator
+from batching.models.decoding import DecodeBatch
+from batching.models.parameters import TaskItem
+from batching.runtime.decoding import Decoder
+from tests.support.generators import causal_reference, direct, gpt2_folder
+
+PROMPTS = [
+    "the cat sat",
+    "a dog",
+    "who eats fish on the mat",
+    "i like green",
+    "sat",
+    "the cat runs fast on the mat",
+    "green fish",
+    "who",
+]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return gpt2_folder(tmp_path_factory.mktemp("decoding"))
+
+
+@pytest.fixture(scope="module")
+def generator(folder: Path) -> TextGenerator:
+    model = TextGenerator("text-generation", folder)
+    model.load("cpu")
+    return model
+
+
+def item(text: str, tokens: int) -> TaskItem:
+    return TaskItem(text, (("max_new_tokens", tokens),))
+
+
+def run(batch: DecodeBatch, joins: dict[int, list[tuple[int, TaskItem]]]) -> dict[int, list[int]]:
+    """Steps ``batch`` until it is empty; before step ``n``, the items of ``joins[n]`` join."""
+    tokens: dict[int, list[int]] = {}
+    step = 0
+    while len(batch) or any(n >= step for n in joins):
+        ended: set[int] = set()
+        for piece in batch.step():
+            tokens[piece.key].append(piece.token_id)
+            if piece.finish:
+                ended.add(piece.key)
+        for key, entry in joins.get(step, []):
+            piece = batch.join_item(key, entry)
+            tokens[key] = [piece.token_id]
+            if piece.finish:
+                ended.add(key)
+        batch.leave(ended)
+        step += 1
+    return tokens
+
+
+def test_greedy_tokens_are_the_same_alone_in_a_burst_and_joining(
+    folder: Path, generator: TextGenerator
+) -> None:
+    reference = causal_reference(folder)
+    lengths = [20, 3, 12, 25, 7, 16, 9, 22]
+    items = [item(PROMPTS[i % 8], lengths[i % 8] - i // 8) for i in range(16)]
+    ids = [generator._prepare(0, entry).ids for entry in items]
+    expected = [
+        direct(reference, ids[i], max_new_tokens=lengths[i % 8] - i // 8) for i in range(16)
+    ]
+    # Alone: one sequence in the batch.
+    for index in (0, 3, 9):
+        alone = run(generator.decode_batch(), {0: [(index, items[index])]})
+        assert alone[index] == expected[index]
+    # A burst of 16 joining together.
+    burst = run(generator.decode_batch(), {0: list(enumerate(items))})
+    assert [burst[i] for i in range(16)] == expected
+    # Joining a running batch at different steps (the batch's cache is longer or shorter
+    # than the newcomer's, and rows leave in between).
+    joins: dict[int, list[tuple[int, TaskItem]]] = {}
+    for index, entry in enumerate(items):
+        joins.setdefault((index * 5) % 17, []).append((index, entry))
+    joined = run(generator.decode_batch(), joins)
+    assert [joined[i] for i in range(16)] == expected
+
+
+def test_rows_that_leave_free_their_cache(generator: TextGenerator) -> None:
+    batch = generator.decode_batch()
+    batch.join_item(0, item(PROMPTS[5], 20))
+    batch.join_item(1, item(PROMPTS[4], 20))
+    batch.step()
+    wide = batch.columns
+    batch.leave({0})
+    assert len(batch) == 1
+    assert batch.columns < wide  # the long prompt's padding columns are gone
+    batch.leave({1})
+    assert len(batch) == 0 and batch.cache is None
+
+
+def test_seeded_sampling_is_the_same_alone_and_in_company(generator: TextGenerator) -> None:
+    sampled = TaskItem(
+        PROMPTS[2], (("do_sample", True), ("max_new_tokens", 12), ("seed", 7), ("top_p", 0.9))
+    )
+    alone = run(generator.decode_batch(), {0: [(0, sampled)]})[0]
+    company = run(
+        generator.decode_batch(),
+        {0: [(1, item(PROMPTS[0], 5))], 2: [(0, sampled), (2, item(PROMPTS[1], 20))]},
+    )
+    assert company[0] == alone
+
+
+def test_a_stop_string_ends_the_sequence_and_is_not_sent(generator: TextGenerator) -> None:
+    batch = generator.decode_batch()
+    pieces = [batch.join_item(0, item(PROMPTS[0], 20))]
+    while pieces[-1].finish is None:
+        pieces.extend(batch.step())
+    whole = "".join(piece.text for piece in pieces)
+    assert len(whole) > 2
+    stop = whole[2:4]
+    batch = generator.decode_batch()
+    stopped = TaskItem(PROMPTS[0], (("max_new_tokens", 20), ("stop", (stop,))))
+    pieces = [batch.join_item(0, stopped)]
+    while pieces[-1].finish is None:
+        pieces.extend(batch.step())
+    assert "".join(piece.text for piece in pieces) == whole[: whole.find(stop)]
+    assert pieces[-1].finish == "stop"
+
+
+# -- the scheduler over a scripted batch ------------------------------------------------------
+
+
+@dataclass
+class Piece:
+    key: int
+    token_id: int
+    text: str
+    finish: str | None
+    prompt_tokens: int = 1
+
+
+class Scripted:
+    """A running batch whose item ``(n, fail)`` yields n tokens; ``fail`` "join" raises at
+    its join, "step" makes the next step raise."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, list[int]] = {}
+        self.fail_step = False
+        self.joined: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def join_item(self, key: int, entry: Any) -> Piece:
+        count, fail = entry
+        if fail == "join":
+            raise ValueError("cannot read this input")
+        if fail == "step":
+            self.fail_step = True
+        self.joined.append(key)
+        self.rows[key] = [count, 1]
+        return Piece(key, 0, "a", "length" if count == 1 else None)
+
+    def step(self) -> list[Piece]:
+        if self.fail_step:
+            self.fail_step = False
+            raise RuntimeError("the model broke")
+        pieces = []
+        for key, row in self.rows.items():
+            row[1] += 1
+            pieces.append(Piece(key, row[1], "b", "length" if row[1] >= row[0] else None))
+        return pieces
+
+    def leave(self, keys: set[int]) -> None:
+        for key in keys:
+            self.rows.pop(key, None)
+
+
+class Model:
+    def __init__(self, batch: Scripted) -> None:
+        self.batch = batch
+
+    def decode_batch(self) -> Scripted:
+        return self.batch
+
+    def positions(self) -> int:
+        return 32
+
+
+async def started(decoder: Decoder, batch: Scripted) -> asyncio.Task[None]:
+    model = Model(batch)
+    loaded = asyncio.Event()
+
+    async def call(function: Callable[[Any], Any]) -> Any:
+        await asyncio.sleep(0)
+        try:
+            return function(model)
+        finally:
+            loaded.set()
+
+    task = asyncio.create_task(decoder.serve(call))
+    await loaded.wait()  # serve counted the instance before it waited again
+    assert decoder.instances == 1
+    return task
+
+
+async def drain(stream: Any) -> str:
+    text = ""
+    while (piece := await stream.next()) is not None:
+        text += piece.text
+    return text
+
+
+def test_admission_counts_tokens_and_frees_them_at_the_end() -> None:
+    asyncio.run(_admission_counts_tokens_and_frees_them_at_the_end())
+
+
+async def _admission_counts_tokens_and_frees_them_at_the_end() -> None:
+    decoder = Decoder("m", max_rows=4, budget=100)
+    task = await started(decoder, Scripted())
+    deadline = asyncio.get_running_loop().time() + 30
+    first = decoder.submit((3, None), 60, deadline)
+    with pytest.raises(Overloaded) as refused:
+        decoder.submit((3, None), 41, deadline)
+    assert refused.value.retry_after >= 1
+    with pytest.raises(PayloadTooLarge):
+        decoder.submit((3, None), 101, deadline)
+    second = decoder.submit((2, None), 40, deadline)
+    assert await drain(first) == "abb"
+    assert await drain(second) == "ab"
+    assert decoder.reserved == 0
+    decoder.submit((1, None), 100, deadline)  # the whole budget is free again
+    task.cancel()
+
+
+def test_more_rows_than_the_cap_wait_their_turn() -> None:
+    asyncio.run(_more_rows_than_the_cap_wait_their_turn())
+
+
+async def _more_rows_than_the_cap_wait_their_turn() -> None:
+    decoder = Decoder("m", max_rows=2, budget=1000)
+    batch = Scripted()
+    task = await started(decoder, batch)
+    deadline = asyncio.get_running_loop().time() + 30
+    streams = [decoder.submit((4, None), 10, deadline) for _ in range(3)]
+    assert [await drain(stream) for stream in streams] == ["abbb"] * 3
+    assert batch.joined == [streams[0].key, streams[1].key, streams[2].key]
+    task.cancel()
+
+
+def test_a_cancelled_stream_leaves_at_the_next_step() -> None:
+    asyncio.run(_a_cancelled_stream_leaves_at_the_next_step())
+
+
+async def _a_cancelled_stream_leaves_at_the_next_step() -> None:
+    decoder = Decoder("m", max_rows=4, budget=1000)
+    batch = Scripted()
+    task = await started(decoder, batch)
+    deadline = asyncio.get_running_loop().time() + 30
+    gone = decoder.submit((1000, None), 10, deadline)
+    assert (await gone.next()) is not None
+    gone.cancel()
+    other = decoder.submit((3, None), 10, deadline)
+    assert await drain(other) == "abb"
+    assert gone.key not in batch.rows
+    assert decoder.reserved == 0
+    task.cancel()
+
+
+def test_the_deadline_ends_a_sequence_that_runs_past_it() -> None:
+    asyncio.run(_the_deadline_ends_a_sequence_that_runs_past_it())
+
+
+async def _the_deadline_ends_a_sequence_that_runs_past_it() -> None:
+    now = [0.0]
+    decoder = Decoder("m", max_rows=4, budget=1000, clock=lambda: now[0])
+    batch = Scripted()
+    task = await started(decoder, batch)
+    long = decoder.submit((1000, None), 10, asyncio.get_running_loop().time() + 30)
+    assert (await long.next()) is not None
+    now[0] = 31.0 + asyncio.get_running_loop().time()  # the scheduler's clock passes it
+    with pytest.raises(DeadlineExceeded):
+        while await long.next() is not None:
+            pass
+    assert decoder.reserved == 0
+    task.cancel()
+
+
+def test_a_fault_fails_its_own_sequence_only() -> None:
+    asyncio.run(_a_fault_fails_its_own_sequence_only())
+
+
+async def _a_fault_fails_its_own_sequence_only() -> None:
+    decoder = Decoder("m", max_rows=4, budget=1000)
+    task = await started(decoder, Scripted())
+    deadline = asyncio.get_running_loop().time() + 30
+    bad = decoder.submit((3, "join"), 10, deadline)
+    good = decoder.submit((3, None), 10, deadline)
+    with pytest.raises(InferenceFailed):
+        await bad.next()
+    assert await drain(good) == "abb"
+    # A step that raises fails the sequences it ran; the loop serves the next ones.
+    broken = decoder.submit((3, "step"), 10, deadline)
+    assert (await broken.next()) is not None
+    with pytest.raises(InferenceFailed):
+        await broken.next()
+    after = decoder.submit((2, None), 10, deadline)
+    assert await drain(after) == "ab"
+    assert decoder.reserved == 0
+    task.cancel()
