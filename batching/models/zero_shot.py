@@ -148,7 +148,8 @@ class ZeroShotModel:
         return self._encode([text] * size, [DEFAULT_TEMPLATE.format(_WARMUP_LABELS[0])] * size)
 
     def _view(self, output: torch.Tensor, encoded: Any) -> np.ndarray:
-        return scores(self._config.get("problem_type"), output)
+        # ONNX Runtime and OpenVINO answer in numpy; torch in tensors.
+        return scores(self._config.get("problem_type"), torch.as_tensor(output))
 
     # -- the units of batching -------------------------------------------------------------
 
@@ -192,7 +193,7 @@ class ZeroShotModel:
             texts.append(pair[0])
             hypotheses.append(pair[1])
         with torch.inference_mode():
-            logits = self._plan(self._encode(texts, hypotheses))
+            logits = torch.as_tensor(self._plan(self._encode(texts, hypotheses)))
             picked = logits[:, [self._contradiction, self._entailment]]
             return to_numpy(picked).copy()
 
