@@ -43,8 +43,10 @@ __all__ = [
 PLAIN = "model.onnx"
 FUSED = "model.fused.onnx"
 
-#: Bumped when the export recipe changes, so old exports are not reused.
-RECIPE = "1"
+#: Bumped when the export recipe or what a decision records changes, so old entries are not
+#: reused. 2: a decision notes whether the folder's tokenizer.json tokenises as transformers
+#: does; an entry without that note made the serving process import transformers and torch.
+RECIPE = "2"
 _LIBRARIES = ("batching", "torch", "transformers", "onnx", "onnxruntime", "openvino")
 
 
