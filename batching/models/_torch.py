@@ -43,6 +43,15 @@ WEIGHTS_LOADING = threading.Lock()
 _DEVICE_RE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
 
 
+def load_eval(auto_class: Any, folder: Any, device: torch.device | str) -> Any:
+    """``auto_class.from_pretrained(folder)`` (under :data:`WEIGHTS_LOADING`), in eval mode,
+    on ``device``: the fp32 torch model an engine is checked against."""
+    with WEIGHTS_LOADING:
+        model = auto_class.from_pretrained(str(folder))
+    model.eval()
+    return model.to(device)
+
+
 def resolve_device(device: str) -> torch.device:
     """Check a device string ("cpu", "cuda", "cuda:N") and turn it into a ``torch.device``.
 

@@ -56,8 +56,6 @@ _TEXT_TASKS = frozenset(
         "fill-mask",
         "text-classification",
         "token-classification",
-        "zero-shot-classification",
-        "text-generation",
     }
 )
 
@@ -356,9 +354,6 @@ class PipelineModel:
         if not self.is_text:
             raise ValueError(f"{self.task}: this model cannot make a warm-up input of its kind")
         length = self._max_length if self._pipeline is not None else 512
-        if self.task == "text-generation":
-            # Generation cost grows with new tokens, not prompt length: keep the prompt short.
-            return warmup_batches(warmup_text(16), max_batch_size)
         if self.task == "fill-mask":
             mask = self._mask_token()
             if mask is None:

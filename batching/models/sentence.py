@@ -315,12 +315,9 @@ class SentenceEmbedder:
     def _load_encoder(self) -> Any:
         import transformers
 
-        from ._torch import WEIGHTS_LOADING
+        from ._torch import load_eval
 
-        with WEIGHTS_LOADING:
-            model = transformers.AutoModel.from_pretrained(str(self.path))
-        model.eval()
-        return model.to(self._device)
+        return load_eval(transformers.AutoModel, self.path, self._device)
 
     def _encode(self, texts: list[str]) -> Any:
         texts = [text.lower() for text in texts] if self._lowercase else texts

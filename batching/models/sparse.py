@@ -14,10 +14,10 @@ import transformers
 
 from . import tokenizing
 from ._torch import (
-    WEIGHTS_LOADING,
     TokenCounter,
     calibration_texts,
     encode,
+    load_eval,
     max_length_of,
     read_json,
     resolve_device,
@@ -106,10 +106,7 @@ class SparseEmbedder:
         )
 
     def _load_reference(self) -> Any:
-        with WEIGHTS_LOADING:
-            model = transformers.AutoModelForMaskedLM.from_pretrained(str(self._folder))
-        model.eval()
-        return model.to(self._device)
+        return load_eval(transformers.AutoModelForMaskedLM, self._folder, self._device)
 
     def _text(self, item: Any) -> tuple[str, str | None]:
         """What ``item`` tokenises (prompt included), and its prompt when it is cut at its

@@ -21,9 +21,9 @@ import torch
 import transformers
 
 from ._torch import (
-    WEIGHTS_LOADING,
     TokenCounter,
     calibration_texts,
+    load_eval,
     max_length_of,
     read_json,
     resolve_device,
@@ -119,10 +119,7 @@ class ZeroShotModel:
         )
 
     def _load_reference(self) -> Any:
-        with WEIGHTS_LOADING:
-            model = transformers.AutoModelForSequenceClassification.from_pretrained(str(self.path))
-        model.eval()
-        return model.to(self._device)
+        return load_eval(transformers.AutoModelForSequenceClassification, self.path, self._device)
 
     def _encode(self, texts: list[str], hypotheses: list[str]) -> Any:
         """Pairs as the pipeline tokenises them: only the text is cut to fit, never the

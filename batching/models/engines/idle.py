@@ -22,6 +22,7 @@ import weakref
 from collections.abc import Callable
 
 from .plan import EnginePlan
+from .polling import poll
 
 __all__ = ["IDLE_S", "SPARE_IDLE_S", "IdleRelease", "trim_heap"]
 
@@ -88,11 +89,4 @@ class IdleRelease:
         return True
 
     def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self._run, name="engine-idle", daemon=True)
-        thread.start()
-        return thread
-
-    def _run(self) -> None:
-        while not self.stopped.wait(POLL_S):
-            if not self.step():
-                return
+        return poll(self.step, self.stopped, POLL_S, "engine-idle")

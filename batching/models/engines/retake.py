@@ -16,6 +16,7 @@ from collections.abc import Callable
 from .decision import RetakeRule, others_cores
 from .measure import cpu_seconds
 from .plan import EnginePlan
+from .polling import poll
 
 __all__ = ["Retaker"]
 
@@ -84,11 +85,4 @@ class Retaker:
         return fresh.decision.busy
 
     def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self._run, name="engine-retake", daemon=True)
-        thread.start()
-        return thread
-
-    def _run(self) -> None:
-        while not self.stopped.wait(POLL_S):
-            if not self.step():
-                return
+        return poll(self.step, self.stopped, POLL_S, "engine-retake")
