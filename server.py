@@ -368,7 +368,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     server = _Server(config, app, settings.shutdown_timeout, tls)
     server.ready_line = lambda: _ready_line(settings, server, app)
     server.metrics_port = settings.metrics_port
-    server.run(sockets=_listeners(config, settings))
+    try:
+        server.run(sockets=_listeners(config, settings))
+    except KeyboardInterrupt:
+        # Ctrl-C: uvicorn has shut down gracefully and re-raises the signal; exit as a
+        # process stopped by SIGINT does, without a traceback.
+        sys.exit(128 + signal.SIGINT)
     if failures:
         print(f"server.py: error: {failures[0]}", file=sys.stderr)
         sys.exit(1)

@@ -126,3 +126,13 @@ async def test_during_the_drain_readiness_answers_503_until_the_listener_closes(
         assert await asyncio.wait_for(process.wait(), 25) in (0, -signal.SIGTERM)
     assert "Traceback" not in output[0], output[0]
     assert "draining: not ready" in output[0]
+
+
+async def test_ctrl_c_stops_the_server_without_a_traceback() -> None:
+    """SIGINT (Ctrl-C in a terminal) drains like SIGTERM and exits 130, as a process stopped
+    by SIGINT does, with no traceback in its output."""
+    async with cost_server(1, 1, "--grpc-port", "0") as (process, _url, output):
+        process.send_signal(signal.SIGINT)
+        code = await asyncio.wait_for(process.wait(), timeout=30)
+    assert code == 128 + signal.SIGINT
+    assert "Traceback" not in output[0] and "KeyboardInterrupt" not in output[0]

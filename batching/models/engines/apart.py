@@ -83,5 +83,15 @@ def _child() -> int:
     return 0
 
 
+def _exit(status: int) -> None:
+    """Leave without the interpreter's teardown: freeing torch's, transformers' and the
+    engines' objects one by one took 1.3-2.2 s of a fresh start on 2 cores, and the work's
+    results are files in the engine cache, written and closed by then."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(_child())
+    _exit(_child())

@@ -14,7 +14,7 @@ __all__ = ["BUDGET_S", "REPEATS", "cpu_seconds", "items_per_second", "resident_m
 #: Timed runs per batch size, after one untimed run; the median counts.
 REPEATS = 3
 #: ... fewer once the timed runs took this long (a long batch varies little run to run).
-BUDGET_S = 1.0
+BUDGET_S = 0.5
 
 
 def resident_mb() -> float | None:
