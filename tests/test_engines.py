@@ -135,6 +135,37 @@ def test_auto_measures_every_variant_and_serves_an_accurate_one(
     assert any(message.startswith("model tiny: engine ") for message in messages)
 
 
+def test_a_variant_far_slower_at_batch_1_is_dropped_without_its_accuracy_check(
+    folders: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    timed: list[int] = []
+
+    def rate(run: Any, size: int, *args: Any) -> float:
+        run()
+        timed.append(size)
+        # The first variant timed (at batch 1, then 4) is fast; every later one is slow.
+        return 1000.0 if len(timed) <= 2 else 1.0
+
+    checked: list[str] = []
+    compare = selection.compare
+
+    def counted(measure: str, expected: Any, outputs: Any) -> Any:
+        checked.append(measure)
+        return compare(measure, expected, outputs)
+
+    monkeypatch.setattr(selection, "items_per_second", rate)
+    monkeypatch.setattr(selection, "compare", counted)
+    model = loaded(SentenceEmbedder(folders["st"], engine=options(tmp_path, "auto", "fp32")))
+    measurements = model.metadata()["engine"]["measurements"]
+    assert len(checked) == 1
+    assert timed == [1, 4, 1, 1]  # openvino, then onnxruntime and torch
+    dropped = [m for m in measurements if m["error"] is not None]
+    assert len(dropped) == len(measurements) - 1 == 2
+    for measurement in dropped:
+        assert "over 2x slower than" in measurement["error"]
+        assert measurement["accuracy"] is None and not measurement["items_per_s"]
+
+
 def test_the_export_is_cached_and_a_changed_model_file_exports_again(
     folders: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -377,10 +377,40 @@ def _measure_and_decide(
                 runner: Runner = reference_runner
             else:
                 runner = _build(job, cache, engine, precision, reference)
-            outputs = np.concatenate([job.view(runner(batch), batch) for batch in calibration])
+            # Timed at the smallest size first: a variant over _TOO_SLOW slower there than
+            # one already checked is dropped without its accuracy check (seconds of a fresh
+            # start for a slow variant on long calibration texts).
+            smallest = sizes[0]
+            first_rate = items_per_second(functools.partial(runner, job.sample(smallest)), smallest)
+            if fastest is not None and first_rate * _TOO_SLOW < fastest[1]:
+                outputs = None
+            elif variant == REFERENCE:
+                outputs = expected
+            else:
+                outputs = np.concatenate([job.view(runner(batch), batch) for batch in calibration])
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
             measurements.append(Measurement(engine, precision, error=reason))
+            continue
+        if outputs is None:
+            assert fastest is not None
+            measurements.append(
+                Measurement(
+                    engine,
+                    precision,
+                    memory_mb=reference_mb if variant == REFERENCE else _grown(before),
+                    error=f"over {_TOO_SLOW:g}x slower than {fastest[0]} at batch {smallest}",
+                )
+            )
+            logger.info(
+                "model %s: %s %.0f items/s at batch %d, over %gx slower than %s: not checked",
+                name,
+                variant,
+                first_rate,
+                smallest,
+                _TOO_SLOW,
+                fastest[0],
+            )
             continue
         assert job.measure is not None
         accuracy = compare(job.measure, expected, outputs)
@@ -396,32 +426,24 @@ def _measure_and_decide(
                 )
             )
             continue
-        rates: dict[int, float] = {}
-        error = None
-        for size in sizes:
+        rates: dict[int, float] = {smallest: first_rate}
+        if fastest is None or first_rate > fastest[1]:
+            fastest = (variant, first_rate)
+        for size in sizes[1:]:
             batch = job.sample(size)
             rates[size] = items_per_second(functools.partial(runner, batch), size)
-            if size != sizes[0]:
-                continue
-            if fastest is not None and rates[size] * _TOO_SLOW < fastest[1]:
-                error = f"over {_TOO_SLOW:g}x slower than {fastest[0]} at batch {size}"
-                break
-            if fastest is None or rates[size] > fastest[1]:
-                fastest = (variant, rates[size])
         memory = reference_mb if variant == REFERENCE else _grown(before)
         measurements.append(
             Measurement(
                 engine,
                 precision,
-                items_per_s=rates if error is None else {},
+                items_per_s=rates,
                 accuracy=accuracy.figure,
                 accuracy_text=accuracy.text,
                 memory_mb=memory,
-                error=error,
             )
         )
-        if error is None:
-            runners[variant] = runner
+        runners[variant] = runner
         logger.info(
             "model %s: %s %s, %s items/s at batch %s, +%s MB",
             name,
