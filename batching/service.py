@@ -256,6 +256,15 @@ class DataPlane:
         under). ``model`` is "" when the request was refused before its model was known."""
         self.metrics.rejected.labels(model, reason).inc()
 
+    def admit(self, deployment: Deployment, count: int, deadline: float) -> None:
+        """Refuse now a request of ``count`` items that the batcher would refuse (overloaded,
+        not ready, too many items), before a door spends work on it (its tokens counted);
+        one that passes is checked again when it is queued.
+
+        :raises BatchingError: as :meth:`infer` would, at admission.
+        """
+        deployment.batcher.admit(count, deadline=deadline)
+
     async def count_tokens(
         self,
         deployment: Deployment,

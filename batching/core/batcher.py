@@ -102,6 +102,43 @@ class Batcher:
 
     # ----------------------------------------------------------------------- loop side: admit
 
+    def admit(self, count: int, *, deadline: float) -> float:
+        """Whether a request of ``count`` items would be admitted now, as :meth:`submit`
+        decides it, without queueing anything: a door asks before work it would waste on a
+        refused request (counting its tokens). Returns the loop's time of the decision.
+
+        :raises PayloadTooLarge: more items than one request may carry.
+        :raises NotReady: no instance is ready, or the server is draining.
+        :raises Overloaded: the queue is full, or cannot be served before ``deadline``.
+        """
+        if count > self.config.max_items_per_request:
+            self.events.rejected("too_large")
+            raise PayloadTooLarge(
+                f"a request may carry at most {self.config.max_items_per_request} items, "
+                f"this one has {count}"
+            )
+        if self.draining:
+            self.events.rejected("not_ready")
+            raise NotReady("the server is shutting down", retry_after=1.0)
+        if self.ready_instances == 0:
+            self.events.rejected("not_ready")
+            raise NotReady(f"model {self.name!r} is not ready", retry_after=1.0)
+        now = asyncio.get_running_loop().time()
+        self.admission.check(
+            count,
+            queued=self.queued_items,
+            running=self.running_items,
+            instances=self.ready_instances,
+            time_left=deadline - now,
+            now=now,
+            busy_since=(
+                min(self._batch_starts)
+                if self._batch_starts and self.busy_instances >= self.ready_instances
+                else None
+            ),
+        )
+        return now
+
     def submit(
         self,
         items: list[Any],
@@ -124,33 +161,8 @@ class Batcher:
         :raises Overloaded: the queue is full, or cannot be served before ``deadline``.
         """
         count = len(items)
-        if count > self.config.max_items_per_request:
-            self.events.rejected("too_large")
-            raise PayloadTooLarge(
-                f"a request may carry at most {self.config.max_items_per_request} items, "
-                f"this one has {count}"
-            )
-        if self.draining:
-            self.events.rejected("not_ready")
-            raise NotReady("the server is shutting down", retry_after=1.0)
-        if self.ready_instances == 0:
-            self.events.rejected("not_ready")
-            raise NotReady(f"model {self.name!r} is not ready", retry_after=1.0)
+        now = self.admit(count, deadline=deadline)
         loop = asyncio.get_running_loop()
-        now = loop.time()
-        self.admission.check(
-            count,
-            queued=self.queued_items,
-            running=self.running_items,
-            instances=self.ready_instances,
-            time_left=deadline - now,
-            now=now,
-            busy_since=(
-                min(self._batch_starts)
-                if self._batch_starts and self.busy_instances >= self.ready_instances
-                else None
-            ),
-        )
         future = Pending(loop=loop)
         request = Request(
             items=items,
