@@ -342,3 +342,19 @@ def test_repository_defaults_are_checked_against_the_generating_tasks() -> None:
         check_defaults("text-generation", {"max_new_tokens": 0})
     with pytest.raises(InvalidParameter, match="unknown parameter 'return_full_text'"):
         check_defaults("summarization", {"return_full_text": False})
+
+
+def test_a_repository_default_past_the_models_own_bound_stops_the_start(
+    folders: dict[str, Path],
+) -> None:
+    """``max_new_tokens`` passes the task's check at parse time (>= 1) but is over this
+    model's positions: the instance fails to start, naming it, instead of answering every
+    request that relies on the default with a 400."""
+    from batching.runtime.warmup import WarmupPlan, load_and_warm
+
+    model = ModelSource.parse(str(folders["gpt2"]), "text-generation").build()
+    plan = WarmupPlan(parameters=(("max_new_tokens", GPT2_POSITIONS * 10),))
+    with pytest.raises(RuntimeError, match="configured parameters do not fit.*max_new_tokens"):
+        load_and_warm(model, "cpu", 2, warmup=plan)
+    fitting = WarmupPlan(parameters=(("max_new_tokens", 2),))
+    assert load_and_warm(model, "cpu", 2, warmup=fitting).warmup_batches >= 1

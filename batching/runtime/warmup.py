@@ -13,7 +13,13 @@ from itertools import cycle, islice
 from typing import Any
 
 from batching.config import ModelConfig
-from batching.models.parameters import Parameters, TaskItem
+from batching.models.parameters import (
+    InvalidParameter,
+    Parameters,
+    TaskItem,
+    check_parameters,
+    declared_parameters,
+)
 from batching.models.protocol import EXPANDS_KEY, Model, hooks_of, load_model
 
 from .allocator import trim
@@ -204,6 +210,25 @@ def _read_samples(path: str, text: bool) -> list[Any]:
     return samples
 
 
+def _check_defaults(model: Model, parameters: Parameters) -> None:
+    """The configured parameters against what the loaded model declares, with its own
+    numbers (a ``max_new_tokens`` over its positions): checked once here, so that a default
+    it cannot take stops the start instead of failing every request that relies on it.
+
+    :raises RuntimeError: a default the model does not take; the message names it.
+    """
+    describe = hooks_of(model).metadata
+    if not parameters or describe is None:
+        return
+    declared = declared_parameters(describe())
+    if not declared:
+        return
+    try:
+        check_parameters(declared, {}, dict(parameters))
+    except InvalidParameter as exc:
+        raise RuntimeError(f"the configured parameters do not fit this model: {exc}") from None
+
+
 def load_and_warm(
     model: Model,
     device: str,
@@ -232,6 +257,7 @@ def load_and_warm(
     gc.collect()
     trim()
     loaded = time.perf_counter()
+    _check_defaults(model, plan.parameters)
     try:
         batches = warmup_inputs_for(model, plan, max_batch_size, seed=index)
     except RuntimeError:  # already says what failed
