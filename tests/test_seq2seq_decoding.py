@@ -1,0 +1,176 @@
+"""Iteration-level decoding of the encoder-decoders: the running batch of a tiny T5 (relative
+positions) and a tiny BART (absolute positions, a forced end token): greedy tokens are the
+same alone, in a burst of 16 and joining a running batch, and equal ``model.generate``'s;
+rows that leave free both caches' rows; seeded sampling and stop strings per row."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from batching.models.parameters import TaskItem
+from batching.models.seq2seq import Seq2SeqGenerator
+from batching.models.seq2seq_decoding import Seq2SeqDecodeBatch
+from batching.models.source import ModelSource
+from tests.support.generators import bart_folder, seq2seq_reference, t5_folder
+
+PROMPTS = [
+    "the cat sat",
+    "a dog",
+    "who eats fish on the mat and the red house is green",
+    "i like green",
+    "sat",
+    "the cat runs fast on the mat",
+    "green fish",
+    "who",
+]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("seq2seq-decoding")
+    return {"t5": t5_folder(root), "bart": bart_folder(root)}
+
+
+def loaded(folder: Path, task: str) -> Seq2SeqGenerator:
+    model = ModelSource.parse(str(folder), task).build()
+    assert isinstance(model, Seq2SeqGenerator)
+    model.load("cpu")
+    return model
+
+
+@pytest.fixture(scope="module")
+def t5(folders: dict[str, Path]) -> Seq2SeqGenerator:
+    return loaded(folders["t5"], "summarization")
+
+
+@pytest.fixture(scope="module")
+def bart(folders: dict[str, Path]) -> Seq2SeqGenerator:
+    return loaded(folders["bart"], "text2text-generation")
+
+
+def item(text: str, tokens: int) -> TaskItem:
+    return TaskItem(text, (("max_new_tokens", tokens),))
+
+
+def direct(folder: Path, ids: list[int], tokens: int) -> list[int]:
+    """The new tokens of one unpadded greedy ``generate`` call, as transformers loads the
+    folder (the start token left out)."""
+    _, model = seq2seq_reference(folder)
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            do_sample=False,
+            num_beams=1,
+            max_new_tokens=tokens,
+        )
+    return list(out[0, 1:].tolist())
+
+
+def run(
+    batch: Seq2SeqDecodeBatch, joins: dict[int, list[tuple[int, TaskItem]]]
+) -> dict[int, list[int]]:
+    """Steps ``batch`` until it is empty; before step ``n``, the items of ``joins[n]`` join."""
+    tokens: dict[int, list[int]] = {}
+    step = 0
+    while len(batch) or any(n >= step for n in joins):
+        ended: set[int] = set()
+        for piece in batch.step():
+            tokens[piece.key].append(piece.token_id)
+            if piece.finish:
+                ended.add(piece.key)
+        for key, entry in joins.get(step, []):
+            piece = batch.join_item(key, entry)
+            tokens[key] = [piece.token_id]
+            if piece.finish:
+                ended.add(key)
+        batch.leave(ended)
+        step += 1
+    return tokens
+
+
+@pytest.mark.parametrize("name", ["t5", "bart"])
+def test_greedy_tokens_are_the_same_alone_in_a_burst_and_joining(
+    name: str, folders: dict[str, Path], request: pytest.FixtureRequest
+) -> None:
+    model: Seq2SeqGenerator = request.getfixturevalue(name)
+    lengths = [20, 3, 12, 25, 7, 16, 9, 22]
+    items = [item(PROMPTS[i % 8], lengths[i % 8] - i // 8) for i in range(16)]
+    ids = [model._prepare(0, entry).ids for entry in items]
+    expected = [direct(folders[name], ids[i], lengths[i % 8] - i // 8) for i in range(16)]
+    # The tiny models answer more than the start token and end token.
+    assert sum(len(tokens) for tokens in expected) > 60
+    for index in (0, 3, 9):
+        alone = run(model.decode_batch(), {0: [(index, items[index])]})
+        assert alone[index] == expected[index]
+    burst = run(model.decode_batch(), {0: list(enumerate(items))})
+    assert [burst[i] for i in range(16)] == expected
+    # Joining a running batch at different steps: its decoder cache and its inputs are
+    # longer or shorter than the newcomer's, and rows leave in between.
+    joins: dict[int, list[tuple[int, TaskItem]]] = {}
+    for index, entry in enumerate(items):
+        joins.setdefault((index * 5) % 17, []).append((index, entry))
+    joined = run(model.decode_batch(), joins)
+    assert [joined[i] for i in range(16)] == expected
+
+
+def test_the_task_prefix_applies_as_on_the_whole_batch_doors(t5: Seq2SeqGenerator) -> None:
+    batch = t5.decode_batch()
+    pieces = [batch.join_item(0, item(PROMPTS[0], 8))]
+    while pieces[-1].finish is None:
+        pieces.extend(batch.step())
+    assert "".join(piece.text for piece in pieces) == (
+        t5.predict([item(PROMPTS[0], 8)])[0]["summary_text"]
+    )
+    assert pieces[0].prompt_tokens == len(t5._tokenizer("summarize: " + PROMPTS[0])["input_ids"])
+
+
+def test_rows_that_leave_free_both_caches(bart: Seq2SeqGenerator) -> None:
+    batch = bart.decode_batch()
+    batch.join_item(0, item(PROMPTS[2], 20))
+    batch.step()
+    batch.step()
+    batch.join_item(1, item(PROMPTS[4], 20))
+    wide, inputs = batch.columns, batch.input_columns
+    batch.leave({0})
+    assert len(batch) == 1
+    assert batch.columns < wide  # the older row's decoder columns are gone
+    assert batch.input_columns < inputs  # and the long input's encoder columns
+    assert batch.cache is not None
+    layer: Any = batch.cache.cross_attention_cache.layers[0]
+    assert layer.keys.shape[0] == 1 and layer.keys.shape[2] == batch.input_columns
+    batch.leave({1})
+    assert len(batch) == 0 and batch.cache is None
+
+
+def test_seeded_sampling_is_the_same_alone_and_in_company(t5: Seq2SeqGenerator) -> None:
+    sampled = TaskItem(
+        PROMPTS[2], (("do_sample", True), ("max_new_tokens", 12), ("seed", 7), ("top_p", 0.9))
+    )
+    alone = run(t5.decode_batch(), {0: [(0, sampled)]})[0]
+    company = run(
+        t5.decode_batch(),
+        {0: [(1, item(PROMPTS[0], 5))], 2: [(0, sampled), (2, item(PROMPTS[1], 20))]},
+    )
+    assert company[0] == alone
+
+
+def test_a_stop_string_ends_the_sequence_and_is_not_sent(bart: Seq2SeqGenerator) -> None:
+    batch = bart.decode_batch()
+    pieces = [batch.join_item(0, item(PROMPTS[0], 20))]
+    while pieces[-1].finish is None:
+        pieces.extend(batch.step())
+    whole = "".join(piece.text for piece in pieces)
+    assert len(whole) > 4
+    stop = whole[2:4]
+    batch = bart.decode_batch()
+    stopped = TaskItem(PROMPTS[0], (("max_new_tokens", 20), ("stop", (stop,))))
+    pieces = [batch.join_item(0, stopped)]
+    while pieces[-1].finish is None:
+        pieces.extend(batch.step())
+    assert "".join(piece.text for piece in pieces) == whole[: whole.find(stop)]
+    assert pieces[-1].finish == "stop"
