@@ -123,8 +123,9 @@ def test_the_task_prefix_applies_as_on_the_whole_batch_doors(t5: Seq2SeqGenerato
     pieces = [batch.join_item(0, item(PROMPTS[0], 8))]
     while pieces[-1].finish is None:
         pieces.extend(batch.step())
-    assert "".join(piece.text for piece in pieces) == (
-        t5.predict([item(PROMPTS[0], 8)])[0]["summary_text"]
+    assert (
+        "".join(piece.text for piece in pieces)
+        == (t5.predict([item(PROMPTS[0], 8)])[0]["summary_text"])
     )
     assert pieces[0].prompt_tokens == len(t5._tokenizer("summarize: " + PROMPTS[0])["input_ids"])
 
