@@ -1,7 +1,9 @@
 """Iteration-level decoding of the encoder-decoders: the running batch of a tiny T5 (relative
 positions) and a tiny BART (absolute positions, a forced end token): greedy tokens are the
 same alone, in a burst of 16 and joining a running batch, and equal ``model.generate``'s;
-rows that leave free both caches' rows; seeded sampling and stop strings per row."""
+rows that leave free both caches' rows; seeded sampling and stop strings per row; a Marian
+decoder (sinusoidal positions) likewise, and a decoder whose positions cannot be set per row
+is refused."""
 
 from __future__ import annotations
 
@@ -10,10 +12,13 @@ from typing import Any
 
 import pytest
 import torch
+import transformers
 
+from batching.models.generation import Defaults, Settings
+from batching.models.generator import Prompt
 from batching.models.parameters import TaskItem
 from batching.models.seq2seq import Seq2SeqGenerator
-from batching.models.seq2seq_decoding import Seq2SeqDecodeBatch
+from batching.models.seq2seq_decoding import Seq2SeqDecodeBatch, check_decoder
 from batching.models.source import ModelSource
 from tests.support.generators import bart_folder, seq2seq_reference, t5_folder
 
@@ -175,3 +180,83 @@ def test_a_stop_string_ends_the_sequence_and_is_not_sent(bart: Seq2SeqGenerator)
         pieces.extend(batch.step())
     assert "".join(piece.text for piece in pieces) == whole[: whole.find(stop)]
     assert pieces[-1].finish == "stop"
+
+
+# -- decoders with other position schemes -----------------------------------------------------
+
+
+def tiny_marian(vocab: int, pad: int, eos: int) -> Any:
+    """A Marian (sinusoidal positions, an nn.Embedding of fixed weights) from a config."""
+    config = transformers.MarianConfig(
+        vocab_size=vocab,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=37,
+        decoder_ffn_dim=37,
+        max_position_embeddings=64,
+        pad_token_id=pad,
+        eos_token_id=eos,
+        decoder_start_token_id=pad,
+        forced_eos_token_id=eos,
+        init_std=0.05,  # its answers then vary with the input and the position
+    )
+    torch.manual_seed(6)
+    return transformers.MarianMTModel(config).eval()
+
+
+def test_a_marian_decoder_gets_each_rows_position(bart: Seq2SeqGenerator) -> None:
+    tokenizer = bart._tokenizer
+    model = tiny_marian(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    prompts = []
+    for index, text in enumerate(PROMPTS):
+        tokens = [25, 3, 18, 11, 22, 6, 14, 19][index]
+        settings = Settings.of({"max_new_tokens": tokens}, Defaults())
+        prompts.append(Prompt(text, tokenizer(text)["input_ids"], {}, settings))
+    expected = []
+    for prompt in prompts:
+        with torch.inference_mode():
+            out = model.generate(
+                torch.tensor([prompt.ids]),
+                do_sample=False,
+                num_beams=1,
+                max_new_tokens=prompt.settings.max_new_tokens,
+            )
+        expected.append(out[0, 1:].tolist())
+    assert sum(len(tokens) for tokens in expected) > 60
+    batch = Seq2SeqDecodeBatch(model, tokenizer)
+    assert batch.positions is not None
+    got: dict[int, list[int]] = {}
+    step, ended = 0, set()
+    while len(batch) or step < len(prompts):
+        for piece in batch.step():
+            got[piece.key].append(piece.token_id)
+            if piece.finish:
+                ended.add(piece.key)
+        if step < len(prompts):
+            piece = batch.join(step, prompts[step])
+            got[step] = [piece.token_id]
+            if piece.finish:
+                ended.add(step)
+        batch.leave(ended)
+        step += 1
+    assert [got[i] for i in range(len(prompts))] == expected
+
+
+def test_a_decoder_whose_positions_cannot_be_set_per_row_is_refused() -> None:
+    config = transformers.M2M100Config(
+        vocab_size=64,
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=16,
+        decoder_ffn_dim=16,
+        max_position_embeddings=32,
+    )
+    model = transformers.M2M100ForConditionalGeneration(config)
+    with pytest.raises(NotImplementedError, match="M2M100SinusoidalPositionalEmbedding"):
+        check_decoder(model)
