@@ -696,6 +696,7 @@ def prepare(rule: Rule, workspace: Workspace, where: Path) -> None:
             "bert = tiny.encoder_folder(root, 'my-bert'); "
             "transformers.BertForMaskedLM(tiny.bert_config()).save_pretrained(bert); "
             "from tests.support import generators; generators.gpt2_folder(root, 'my-gpt2'); "
+            "generators.t5_folder(root, 'my-t5'); "
             "from tests.support import vision; vision.classifier_folder(root, 'my-vit'); "
             "vision.clip_folder(root, 'my-clip')"
         )

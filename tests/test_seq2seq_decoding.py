@@ -260,3 +260,29 @@ def test_a_decoder_whose_positions_cannot_be_set_per_row_is_refused() -> None:
     model = transformers.M2M100ForConditionalGeneration(config)
     with pytest.raises(NotImplementedError, match="M2M100SinusoidalPositionalEmbedding"):
         check_decoder(model)
+
+
+def test_the_generation_configs_constraints_apply_as_in_generate(folders: dict[str, Path]) -> None:
+    # As a summarization entry of task_specific_params sets them (t5-small's: min_length 30,
+    # no_repeat_ngram_size 3): generate applies them with one beam, and so does a running batch.
+    model = loaded(folders["t5"], "summarization")
+    model._model.generation_config.update(no_repeat_ngram_size=2, min_length=6)
+    items = [item(text, 14) for text in PROMPTS[:4]]
+    _, reference = seq2seq_reference(folders["t5"])
+    expected = []
+    for entry in items:
+        ids = model._prepare(0, entry).ids
+        with torch.inference_mode():
+            out = reference.generate(
+                torch.tensor([ids]),
+                do_sample=False,
+                num_beams=1,
+                max_new_tokens=14,
+                no_repeat_ngram_size=2,
+                min_length=6,
+            )
+        expected.append(out[0, 1:].tolist())
+    assert expected != [direct(folders["t5"], model._prepare(0, e).ids, 14) for e in items]
+    joins = {index: [(index, entry)] for index, entry in enumerate(items)}
+    got = run(model.decode_batch(), joins)
+    assert [got[i] for i in range(len(items))] == expected
