@@ -286,3 +286,10 @@ def test_the_generation_configs_constraints_apply_as_in_generate(folders: dict[s
     joins = {index: [(index, entry)] for index, entry in enumerate(items)}
     got = run(model.decode_batch(), joins)
     assert [got[i] for i in range(len(items))] == expected
+
+
+def test_a_request_costs_its_input_with_the_task_prefix_and_its_new_tokens(
+    t5: Seq2SeqGenerator,
+) -> None:
+    entry = item(PROMPTS[0], 8)
+    assert t5.count_tokens(entry) == len(t5._prepare(0, entry).ids) + 8

@@ -29,7 +29,7 @@ from transformers.models.auto.modeling_auto import AutoModelForSeq2SeqLM
 
 from .generation import MAX_NEW_TOKENS_CAP, Settings
 from .generator import Generator, Prompt
-from .parameters import Param
+from .parameters import Param, TaskItem
 from .seq2seq_decoding import Seq2SeqDecodeBatch
 from .tasks.generation import SUMMARIZATION, TEXT2TEXT_GENERATION, TRANSLATION, pair_of
 
@@ -182,6 +182,17 @@ class Seq2SeqGenerator(Generator):
             )
         prefix = entry.get("prefix")
         return f"{prefix}{text}" if isinstance(prefix, str) else text
+
+    def _text_of(self, item: Any) -> str | None:
+        # What the model reads, as _prepare makes it: counted tokens include the task prefix.
+        text = super()._text_of(item)
+        if text is None:
+            return None
+        parameters = dict(item.parameters) if isinstance(item, TaskItem) else {}
+        try:
+            return self.source_text(text, parameters)
+        except ValueError:
+            return text  # a pair the model does not name: its join answers why
 
     def batch(self, prompts: list[Prompt]) -> tuple[dict[str, torch.Tensor], int]:
         width = max(len(prompt.ids) for prompt in prompts)
