@@ -2,8 +2,8 @@
 positions) and a tiny BART (absolute positions, a forced end token): greedy tokens are the
 same alone, in a burst of 16 and joining a running batch, and equal ``model.generate``'s;
 rows that leave free both caches' rows; seeded sampling and stop strings per row; a Marian
-decoder (sinusoidal positions) likewise, and a decoder whose positions cannot be set per row
-is refused."""
+decoder (sinusoidal positions) likewise, and decoders whose positions cannot be set per row
+are refused (the streaming doors then answer 400 naming why)."""
 
 from __future__ import annotations
 
@@ -293,3 +293,26 @@ def test_a_request_costs_its_input_with_the_task_prefix_and_its_new_tokens(
 ) -> None:
     entry = item(PROMPTS[0], 8)
     assert t5.count_tokens(entry) == len(t5._prepare(0, entry).ids) + 8
+
+
+def test_a_decoder_whose_positions_count_otherwise_is_refused() -> None:
+    # FSMT's position embedding is an nn.Embedding, but it counts from its padding token.
+    config = transformers.FSMTConfig(
+        langs=["en", "de"],
+        src_vocab_size=64,
+        tgt_vocab_size=64,
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=16,
+        decoder_ffn_dim=16,
+        max_position_embeddings=32,
+        pad_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+    )
+    model = transformers.FSMTForConditionalGeneration(config).eval()
+    with pytest.raises(NotImplementedError, match="not its tokens' count"):
+        Seq2SeqDecodeBatch(model, None)

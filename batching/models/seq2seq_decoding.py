@@ -13,8 +13,9 @@ for a causal LM. transformers' own ``EncoderDecoderCache`` holds each row's cach
   positions are relative (T5) needs nothing more: left padding shifts a row's queries and
   keys alike. A decoder with absolute position embeddings (BART, mBART, Marian, Pegasus)
   gets each row's own position (its real tokens so far) for that forward, through a hook on
-  its position embedding module; a decoder of another kind is refused (the streaming doors
-  answer 400 naming why; its whole-batch doors serve it);
+  its position embedding module (checked once per batch: a lone row decodes the same with the
+  hook and without); a decoder of another kind (M2M100's, FSMT's) is refused (the streaming
+  doors answer 400 naming why; its whole-batch doors serve it);
 - **leave**: a finished row's self- and cross-attention rows go (``batch_select_indices``),
   and columns that are padding for every remaining row are cut, on both caches.
 
@@ -31,7 +32,7 @@ Everything here runs on the model's instance thread; the scheduler is
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, cast
 
 import torch
@@ -81,6 +82,7 @@ class Seq2SeqDecodeBatch:
             raise NotImplementedError("its generation config names no decoder start token")
         self.start = start
         self.positions = check_decoder(model)
+        self._check_positions()
         self.rows: list[Sequence] = []
         self.cache: EncoderDecoderCache | None = None
         self.mask: torch.Tensor | None = None  # decoder [rows, columns], 1 = real
@@ -248,6 +250,51 @@ class Seq2SeqDecodeBatch:
             yield
         finally:
             handle.remove()
+
+    def _check_positions(self) -> None:
+        """Refuse a decoder whose position embedding module does not map a token's position
+        to its row as the step's hook does (FSMT's and ProphetNet's count from their padding
+        token): a lone row's second token, decoded with the hook and without, must give the
+        same logits.
+
+        :raises NotImplementedError: they differ.
+        """
+        if self.positions is None:
+            return
+        ids = torch.tensor([[self.start]], dtype=torch.long, device=self.device)
+        ones = torch.ones_like(ids)
+        logits = []
+        for hooked in (False, True):
+            cache = EncoderDecoderCache(
+                DynamicCache(config=self.model.config), DynamicCache(config=self.model.config)
+            )
+            with torch.inference_mode():
+                states = self.model.get_encoder()(input_ids=ids, attention_mask=ones)
+                encoded = BaseModelOutput(last_hidden_state=states.last_hidden_state)
+                self.model(
+                    encoder_outputs=encoded,
+                    attention_mask=ones,
+                    decoder_input_ids=ids,
+                    cache=cache,
+                    use_cache=True,
+                )
+                with self._positions_of(ones[0]) if hooked else nullcontext():
+                    output = self.model(
+                        encoder_outputs=encoded,
+                        attention_mask=ones,
+                        decoder_input_ids=ids,
+                        decoder_attention_mask=torch.ones(
+                            (1, 2), dtype=torch.long, device=self.device
+                        ),
+                        cache=cache,
+                        use_cache=True,
+                    )
+            logits.append(output.logits)
+        if not torch.equal(logits[0], logits[1]):
+            raise NotImplementedError(
+                f"its decoder's positions ({type(self.positions).__name__}) are not its "
+                "tokens' count, and cannot be set per row of a running batch"
+            )
 
     def _advance(self, sequence: Sequence, token: int) -> Token:
         return advance(sequence, token, self.eos, self.tokenizer)
