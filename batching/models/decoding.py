@@ -23,6 +23,7 @@ scheduler that decides who joins and leaves is :mod:`batching.runtime.decoding`.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from typing import Any, cast
@@ -32,7 +33,8 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from .generator import Prompt
-from .picking import Sequence, Token, advance, pick, sequence_of
+from .picking import Sequence, Token, advance, pick
+from .picking import processors_of as _processors
 
 __all__ = ["DecodeBatch", "Sequence", "Token", "check_cache"]
 
@@ -78,7 +80,10 @@ class DecodeBatch:
 
     def join(self, key: int, prompt: Prompt) -> Token:
         """Prefill ``prompt`` alone, pick its first token and add its rows to the batch."""
-        sequence = sequence_of(key, prompt, self.device)
+        sequence = Sequence(key, prompt, processors=_processors(prompt.settings))
+        if prompt.settings.do_sample:
+            seed = prompt.row.seed if prompt.row.seed is not None else secrets.randbits(63)
+            sequence.generator = torch.Generator(device=self.device).manual_seed(seed)
         ids = torch.tensor([prompt.ids], dtype=torch.long, device=self.device)
         cache = DynamicCache(config=self.model.config)
         with torch.inference_mode():
