@@ -74,7 +74,9 @@ class Seq2SeqDecodeBatch:
         self.prepare = prepare
         self.device = model.device
         config = model.generation_config
-        self.eos = frozenset(_ids(config.eos_token_id))
+        self.eos = frozenset(
+            _ids(config.eos_token_id) or _ids(getattr(tokenizer, "eos_token_id", None))
+        )
         start = config.decoder_start_token_id
         if start is None:
             start = getattr(model.config, "decoder_start_token_id", None)
