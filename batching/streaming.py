@@ -26,7 +26,8 @@ __all__ = ["Generation", "generates", "open_stream"]
 
 
 def generates(deployment: Deployment) -> bool:
-    """Whether ``deployment`` generates token by token (text-generation on thread instances)."""
+    """Whether ``deployment`` generates token by token (a generating task on thread
+    instances: text-generation, summarization, translation, text2text-generation)."""
     return deployment.decoder is not None
 
 
@@ -116,7 +117,8 @@ async def open_stream(
     if decoder is None:
         raise InvalidRequest(
             f"model {deployment.name!r} does not generate text token by token (a "
-            "text-generation model on thread instances does)"
+            "text-generation, summarization, translation or text2text-generation model on "
+            "thread instances does)"
         )
     counts = await plane.count_tokens(deployment, [item], request_id=request_id)
     tokens = counts.used[0] if counts.used else 1

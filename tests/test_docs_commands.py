@@ -141,8 +141,9 @@ RULES: tuple[Rule, ...] = (
     Rule(
         r"curl -sN? 127\.0\.0\.1:8000/(v1/(chat/)?completions|v2/models/my-gpt2/generate)",
         "skip",
-        "README's streaming examples ask a text-generation model the quick start does not serve: "
-        "tests/test_streaming_doors.py sends these bodies to a served one",
+        "README's streaming examples ask generating models the quick start does not serve: "
+        "tests/test_streaming_doors.py and tests/test_seq2seq_streaming.py send these bodies "
+        "to served ones",
     ),
     Rule(r"curl ", "client"),
     # README, "API keys, CORS and the metrics port": a key file, and a server that asks for it.
@@ -696,6 +697,7 @@ def prepare(rule: Rule, workspace: Workspace, where: Path) -> None:
             "bert = tiny.encoder_folder(root, 'my-bert'); "
             "transformers.BertForMaskedLM(tiny.bert_config()).save_pretrained(bert); "
             "from tests.support import generators; generators.gpt2_folder(root, 'my-gpt2'); "
+            "generators.t5_folder(root, 'my-t5'); "
             "from tests.support import vision; vision.classifier_folder(root, 'my-vit'); "
             "vision.clip_folder(root, 'my-clip')"
         )

@@ -1,5 +1,6 @@
-"""``ModelStreamInfer`` for a text-generation model: decoupled responses, as Triton's LLM
-backends send them and tritonclient's ``start_stream``/``async_stream_infer`` read them.
+"""``ModelStreamInfer`` for a generating model (text-generation, or an encoder-decoder's
+task): decoupled responses, as Triton's LLM backends send them and tritonclient's
+``start_stream``/``async_stream_infer`` read them.
 
 Each request on the stream carries one text (a BYTES input of one element) and the task's
 parameters; its answer is a series of responses, each with the next piece of text in the

@@ -4,7 +4,7 @@ Health, server and model metadata, model readiness, configuration and statistics
 repository index and ``ModelInfer``; errors are gRPC status codes (:mod:`.errors`). What the
 protocol means lives in :mod:`batching.kserve`, as for the HTTP door; this module is its gRPC
 door, a codec over :class:`~batching.service.DataPlane`. ``ModelStreamInfer`` streams a
-text-generation model's pieces (:mod:`.streams`). The shared-memory and trace RPCs answer
+generating model's pieces (:mod:`.streams`). The shared-memory and trace RPCs answer
 ``UNIMPLEMENTED``; repository control and the log settings are :mod:`.control`'s.
 """
 
@@ -247,7 +247,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return None
 
     async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> Any:
-        """Decoupled responses for a text-generation model (:mod:`.streams`)."""
+        """Decoupled responses for a generating model (:mod:`.streams`)."""
         async for response in model_stream_infer(
             self.plane, request_iterator, context, self._new_id
         ):

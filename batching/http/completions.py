@@ -1,5 +1,6 @@
 """OpenAI-compatible text generation: ``POST /v1/completions`` and ``POST /v1/chat/completions``
-for a text-generation model, with and without ``stream: true``.
+for a generating model (text-generation; summarization, translation and text2text-generation,
+whose ``prompt`` is the input text), with and without ``stream: true``.
 
 A streamed answer is server-sent events: ``data: {chunk}`` per piece of text (chat: the first
 delta carries ``role: assistant``), a last chunk with its ``finish_reason``, the usage chunk
@@ -36,6 +37,7 @@ from batching.codecs.completions import (
 )
 from batching.codecs.task_parameters import task_items
 from batching.errors import BatchingError
+from batching.models.tasks.generation import streams
 from batching.service import DataPlane
 from batching.streaming import Generation, open_stream
 
@@ -53,8 +55,9 @@ SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 def is_generation_model(metadata: Mapping[str, Any]) -> bool:
-    """Whether a model's metadata says it generates text from a prompt."""
-    return metadata.get("task") == "text-generation"
+    """Whether a model's metadata says it generates text from a prompt (text-generation, or
+    an encoder-decoder's summarization, translation, text2text-generation)."""
+    return streams(metadata.get("task"))
 
 
 def _error_event(exc: BaseException, request_id: str) -> bytes:
@@ -96,7 +99,7 @@ def completion_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
     async def generate(request: Request, chat: bool) -> Response:
         body = await read_unattributed_body(plane, request, max_body_bytes)
         parsed = parse_chat(body) if chat else parse_completion(body)
-        deployment = served_model(plane, parsed.model, is_generation_model, "a text-generation")
+        deployment = served_model(plane, parsed.model, is_generation_model, "a generating")
         request_id = request_id_of(request.scope)
         with recorded(plane, deployment) as outcome:
             deadline = plane.deadline(deployment, timeout_of(request))

@@ -1,7 +1,8 @@
 """KServe v2's generate extension, as Triton serves it: ``POST /v2/models/{m}/generate`` (the
 whole text) and ``/generate_stream`` (server-sent events, one per piece of text), also under
-``/versions/{v}``, for a text-generation model. The body is :mod:`batching.kserve.generate`;
-errors before the first byte are the v2 error body with their status, after it a
+``/versions/{v}``, for a generating model (text-generation, or an encoder-decoder's task:
+its ``text_input`` is the input text). The body is :mod:`batching.kserve.generate`; errors
+before the first byte are the v2 error body with their status, after it a
 ``data: {"error": "..."}`` event. A client that goes away stops its sequence at the next step.
 """
 

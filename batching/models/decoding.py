@@ -26,76 +26,17 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
-from transformers.generation.logits_process import (
-    LogitsProcessorList,
-    RepetitionPenaltyLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
 
-from .generation import Settings
 from .generator import Prompt
+from .picking import Sequence, Token, advance, pick
+from .picking import processors_of as _processors
 
 __all__ = ["DecodeBatch", "Sequence", "Token", "check_cache"]
-
-
-@dataclass(slots=True)
-class Sequence:
-    """One request's sequence in the running batch."""
-
-    key: int
-    prompt: Prompt
-    new_ids: list[int] = field(default_factory=list)
-    generator: torch.Generator | None = None
-    processors: LogitsProcessorList = field(default_factory=LogitsProcessorList)
-    #: Characters of the completion already handed out.
-    sent: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Token:
-    """What a step did for one sequence: the text it adds (possibly empty, while a character
-    or a possible stop string is incomplete), and why it ended (None: it goes on)."""
-
-    key: int
-    token_id: int
-    text: str
-    finish: str | None = None
-    #: The prompt's tokens, as the model read it (after truncation).
-    prompt_tokens: int = 0
-
-
-def _processors(settings: Settings) -> LogitsProcessorList:
-    processors = LogitsProcessorList()
-    if settings.repetition_penalty != 1.0:
-        processors.append(RepetitionPenaltyLogitsProcessor(settings.repetition_penalty))
-    if settings.do_sample:
-        if settings.temperature != 1.0:
-            processors.append(TemperatureLogitsWarper(settings.temperature))
-        if settings.top_k > 0:
-            processors.append(TopKLogitsWarper(settings.top_k))
-        if settings.top_p < 1.0:
-            processors.append(TopPLogitsWarper(settings.top_p))
-    return processors
-
-
-def _held_back(text: str, stops: Seq[str]) -> int:
-    """How many characters at the end of ``text`` may be the start of a stop string (they
-    are not handed out until the next tokens say)."""
-    longest = 0
-    for stop in stops:
-        for size in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:size]):
-                longest = size
-                break
-    return longest
 
 
 class DecodeBatch:
@@ -200,40 +141,11 @@ class DecodeBatch:
         ]
 
     def _pick(self, sequence: Sequence, logits: torch.Tensor) -> int:
-        scores = logits.float().unsqueeze(0)
-        if len(sequence.processors):
-            seen = torch.tensor(
-                [sequence.prompt.ids + sequence.new_ids], dtype=torch.long, device=self.device
-            )
-            scores = sequence.processors(seen, scores)  # type: ignore[arg-type]
-        if sequence.generator is None:
-            return int(torch.argmax(scores[0]))
-        probabilities = torch.softmax(scores[0], dim=-1)
-        return int(torch.multinomial(probabilities, 1, generator=sequence.generator))
+        return pick(sequence, logits, sequence.prompt.ids + sequence.new_ids)
 
     def _advance(self, sequence: Sequence, token: int) -> Token:
         """Record ``token`` for ``sequence``: the text it adds and whether it ended it."""
-        sequence.new_ids.append(token)
-        settings, stops = sequence.prompt.settings, sequence.prompt.row.stop
-        finish: str | None = None
-        if token in self.eos:
-            finish = "stop"
-        elif len(sequence.new_ids) >= settings.max_new_tokens:
-            finish = "length"
-        text = self.tokenizer.decode(sequence.new_ids, skip_special_tokens=True)
-        if stops:
-            cut = min((i for i in (text.find(s, 0) for s in stops) if i >= 0), default=-1)
-            if cut >= 0:
-                text, finish = text[:cut], "stop"
-        if finish is None:
-            if text.endswith("\ufffd"):
-                return Token(
-                    sequence.key, token, "", None, len(sequence.prompt.ids)
-                )  # a partial character
-            text = text[: len(text) - _held_back(text, stops)]
-        added = text[sequence.sent :]
-        sequence.sent = max(sequence.sent, len(text))
-        return Token(sequence.key, token, added, finish, len(sequence.prompt.ids))
+        return advance(sequence, token, self.eos, self.tokenizer)
 
     # -- leave ------------------------------------------------------------------------------
 

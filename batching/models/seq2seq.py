@@ -15,6 +15,8 @@ these pipelines).
 - An input longer than the encoder's limit is cut at the end (the start is kept), or with
   ``truncate: false`` refused with a 413 naming the limit.
 - Answers: ``{"summary_text"}``, ``{"translation_text"}``, ``{"generated_text"}``.
+- The streaming doors run the same model token by token (:meth:`Seq2SeqGenerator.decode_batch`,
+  :mod:`.seq2seq_decoding`), each item prepared as here (prefix, languages, truncation).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from transformers.models.auto.modeling_auto import AutoModelForSeq2SeqLM
 
 from .generation import MAX_NEW_TOKENS_CAP, Settings
 from .generator import Generator, Prompt
-from .parameters import Param
+from .parameters import Param, TaskItem
+from .seq2seq_decoding import Seq2SeqDecodeBatch
 from .tasks.generation import SUMMARIZATION, TEXT2TEXT_GENERATION, TRANSLATION, pair_of
 
 __all__ = ["Seq2SeqGenerator"]
@@ -134,6 +137,19 @@ class Seq2SeqGenerator(Generator):
     def input_limit(self, settings: Settings) -> int:
         return self.max_seq_length or 512
 
+    def positions(self) -> int:
+        """The most tokens a sequence may hold: its longest input and longest answer (the
+        streaming doors' default token budget is ``max_batch_size`` of these)."""
+        return (self.max_seq_length or 512) + self.max_new_tokens_limit()
+
+    def decode_batch(self) -> Seq2SeqDecodeBatch:
+        """An empty running batch for iteration-level decoding on this instance (the
+        streaming doors).
+
+        :raises NotImplementedError: the model's decoder cannot run as a running batch.
+        """
+        return Seq2SeqDecodeBatch(self._model, self._tokenizer, self._prepare)
+
     def declared(self) -> tuple[Param, ...]:
         return self._declared
 
@@ -166,6 +182,17 @@ class Seq2SeqGenerator(Generator):
             )
         prefix = entry.get("prefix")
         return f"{prefix}{text}" if isinstance(prefix, str) else text
+
+    def _text_of(self, item: Any) -> str | None:
+        # What the model reads, as _prepare makes it: counted tokens include the task prefix.
+        text = super()._text_of(item)
+        if text is None:
+            return None
+        parameters = dict(item.parameters) if isinstance(item, TaskItem) else {}
+        try:
+            return self.source_text(text, parameters)
+        except ValueError:
+            return text  # a pair the model does not name: its join answers why
 
     def batch(self, prompts: list[Prompt]) -> tuple[dict[str, torch.Tensor], int]:
         width = max(len(prompt.ids) for prompt in prompts)

@@ -17,6 +17,7 @@ from batching.core.jobs import InstanceLost
 from batching.core.policy import BatchPolicy, FixedPolicy
 from batching.errors import NotReady
 from batching.models.protocol import ModelHooks, hooks_of
+from batching.models.tasks.generation import streams
 
 from .base import InstanceFactory, ModelFactory
 from .decoding import Decoder, run_decoder
@@ -143,10 +144,10 @@ class Deployment:
         self.count_tokens: Callable[[Any], int] | None = None
         self._counting: ModelHooks | None = None
         self._counting_built = asyncio.Lock()
-        #: The iteration-level scheduler of a text-generation model on thread instances
-        #: (the streaming doors); None for every other model.
+        #: The iteration-level scheduler of a generating model (decoder-only or
+        #: encoder-decoder) on thread instances (the streaming doors); None for every other.
         self.decoder: Decoder | None = None
-        if config.instance_kind == "thread" and config.model_source.task == "text-generation":
+        if config.instance_kind == "thread" and streams(config.model_source.task):
             self.decoder = Decoder(
                 config.name,
                 config.batching.max_batch_size,

@@ -23,7 +23,9 @@ __all__ = [
     "TEXT2TEXT_GENERATION",
     "TEXT_GENERATION",
     "TRANSLATION",
+    "STREAMED_TASKS",
     "pair_of",
+    "streams",
 ]
 
 #: The most stop strings a request may give, and the longest one (characters).
@@ -107,3 +109,16 @@ def pair_of(task: str) -> tuple[str, str] | None:
     """The languages ``translation_<src>_to_<tgt>`` names (None: not that spelling)."""
     found = _PAIR.match(task)
     return None if found is None else (found.group(1), found.group(2))
+
+
+#: The tasks the streaming doors serve token by token (a running batch per thread instance):
+#: the decoder-only one and the encoder-decoder ones.
+STREAMED_TASKS = frozenset(
+    {"text-generation", "summarization", "translation", "text2text-generation"}
+)
+
+
+def streams(task: str | None) -> bool:
+    """Whether ``task`` (as ``--task`` or a model's metadata names it) is served token by
+    token; ``translation_<src>_to_<tgt>`` is translation."""
+    return task is not None and (task in STREAMED_TASKS or pair_of(task) is not None)
