@@ -23,7 +23,9 @@ scheduler that decides who joins and leaves is :mod:`batching.runtime.decoding`.
 
 from __future__ import annotations
 
+import os
 import secrets
+import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
@@ -40,6 +42,9 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from .engines.contention import Contention
+from .engines.governor import ThreadGovernor, thread_choices
+from .engines.options import ADAPTIVE_THREADS_VARIABLE, thread_budget
 from .generation import Settings
 from .generator import Prompt
 
@@ -161,13 +166,13 @@ class _Window:
                 buffer[target, :, columns] = buffer[source, :, columns]
 
 
-class _WindowLayer(DynamicLayer):
+class _WindowLayer(DynamicLayer):  # type: ignore[no-untyped-call]
     """One layer of the running batch's cache as the model sees it: its keys and values are
     views of the window's buffers; a forward writes the new columns in place after
     ``end`` (the batch moves ``end`` once the forward is done)."""
 
     def __init__(self, window: _Window, index: int) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.window = window
         self.index = index
         self.is_initialized = True
@@ -190,6 +195,39 @@ class _WindowLayer(DynamicLayer):
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0
+
+
+class _Threads:
+    """The intra-op threads of the loop's forwards, learnt as the whole batches' are
+    (:mod:`.engines.governor`): a team as large as the budget where the cores are free, fewer
+    beside other work (there a team of two can run a step ten times as long). Steps and
+    prefills learn apart (their costs per token differ), each by its number of rows."""
+
+    def __init__(self) -> None:
+        budget = thread_budget()
+        choices = thread_choices(budget)
+        self.fixed = os.environ.get(ADAPTIVE_THREADS_VARIABLE, "1") == "0" or len(choices) < 2
+        self.contention = None if self.fixed else Contention.for_budget(budget)
+        others = self.contention.others if self.contention is not None else None
+        self.steps = ThreadGovernor(choices, others)
+        self.prefills = ThreadGovernor(choices, others)
+
+    def run(
+        self, governor: ThreadGovernor, rows: int, tokens: int, forward: Callable[[], Any]
+    ) -> Any:
+        """``forward()`` on the thread count ``governor`` picks for ``rows`` rows, timed."""
+        if self.fixed:
+            return forward()
+        threads = governor.pick(rows)
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        started = time.perf_counter()
+        result = forward()
+        seconds = time.perf_counter() - started
+        governor.observe(rows, tokens, threads, seconds)
+        if self.contention is not None:
+            self.contention.ran(threads, seconds)
+        return result
 
 
 class DecodeBatch:
@@ -218,6 +256,7 @@ class DecodeBatch:
         self.window = _Window()
         self.cache: DynamicCache | None = None
         self.mask: torch.Tensor | None = None  # [rows, columns] of the cache, 1 = real
+        self.threads = _Threads()
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -291,19 +330,24 @@ class DecodeBatch:
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         mask = torch.tensor(real, dtype=torch.long, device=self.device)
         cache = DynamicCache(config=self.model.config)
-        with torch.inference_mode():
-            output = self.model(
-                input_ids=input_ids,
-                attention_mask=mask,
-                position_ids=(mask.cumsum(dim=1) - 1).clamp(min=0),
-                cache=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
+
+        def forward() -> Any:
+            with torch.inference_mode():
+                return self.model(
+                    input_ids=input_ids,
+                    attention_mask=mask,
+                    position_ids=(mask.cumsum(dim=1) - 1).clamp(min=0),
+                    cache=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+
+        output = self.threads.run(self.threads.prefills, len(prompts), int(mask.numel()), forward)
         picked = self._pick_all(sequences, output.logits[:, -1])
         self._append(sequences, cache, mask)
         return [
-            self._advance(sequence, token) for sequence, token in zip(sequences, picked, strict=True)
+            self._advance(sequence, token)
+            for sequence, token in zip(sequences, picked, strict=True)
         ]
 
     def _append(self, sequences: list[Sequence], cache: DynamicCache, mask: torch.Tensor) -> None:
@@ -348,20 +392,24 @@ class DecodeBatch:
         )
         positions = self.mask.sum(dim=1, keepdim=True)
         mask = torch.cat([self.mask, torch.ones_like(last)], dim=1)
-        with torch.inference_mode():
-            output = self.model(
-                input_ids=last,
-                attention_mask=mask,
-                position_ids=positions,
-                cache=self.cache,
-                use_cache=True,
-            )
+        cache = self.cache
+
+        def forward() -> Any:
+            with torch.inference_mode():
+                return self.model(
+                    input_ids=last,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    cache=cache,
+                    use_cache=True,
+                )
+
+        rows = len(self.rows)
+        output = self.threads.run(self.threads.steps, rows, rows, forward)
         window.end += 1
         self.mask = mask
         picked = self._pick_all(self.rows, output.logits[:, -1])
-        return [
-            self._advance(row, token) for row, token in zip(self.rows, picked, strict=True)
-        ]
+        return [self._advance(row, token) for row, token in zip(self.rows, picked, strict=True)]
 
     def _pick_all(self, sequences: Seq[Sequence], logits: torch.Tensor) -> list[int]:
         """Each row's next token: one argmax for all greedy rows without processors, the
