@@ -153,6 +153,19 @@ def test_rows_that_leave_free_their_cache(generator: TextGenerator) -> None:
     assert len(batch) == 0 and batch.cache is None
 
 
+def test_the_cache_buffers_shrink_when_most_rows_left(generator: TextGenerator) -> None:
+    batch = generator.decode_batch()
+    batch.join_items([(key, item(PROMPTS[key % 8], 20)) for key in range(16)])
+    batch.step()
+    assert batch.window.rows_capacity >= 16
+    batch.leave(set(range(14)))
+    assert len(batch) == 2 and batch.window.count == 2
+    assert batch.window.rows_capacity < 16
+    assert {row.key for row in batch.rows} == {14, 15}
+    pieces = batch.step()  # the rows that moved still decode
+    assert [piece.key for piece in pieces] == [row.key for row in batch.rows]
+
+
 def test_seeded_sampling_is_the_same_alone_and_in_company(generator: TextGenerator) -> None:
     sampled = TaskItem(
         PROMPTS[2], (("do_sample", True), ("max_new_tokens", 12), ("seed", 7), ("top_p", 0.9))

@@ -7,15 +7,25 @@ model to paged attention (a normal forward on the same model then fails, so the 
 path and the warm-up could not share the model), it sizes its cache from the machine's total
 RAM, and it takes no per-request logits processors (ours sample each row with its own seeded
 generator and stop on per-row strings). ``benchmarks/generation.py`` measures it beside this
-loop. This loop keeps transformers' own ``DynamicCache``:
+loop. The cache is transformers' ``DynamicCache`` whose layers are views of buffers this
+batch owns (:class:`_Window`: rows by columns, with room to grow):
 
-- **join**: a newcomer is prefilled alone (batch 1, no padding: its cache is exactly what it
-  would be alone) and its first token picked from that forward; its cache rows are then
-  left-padded (or the batch's are) to a common length and concatenated on the batch axis,
-  with an attention mask that hides the padding and position ids that count only real tokens;
-- **step**: one forward of the last token of every running row;
-- **leave**: a finished row's cache rows are dropped (``batch_select_indices``) and columns
-  that are padding for every remaining row are cut, so memory follows the live sequences.
+- **join**: the newcomers of one turn are prefilled together, in one forward left-padded to
+  the longest (an attention mask and position ids that count real tokens only: each row's
+  cache and first token are what it would get alone), and their first tokens picked from
+  it; their cache rows are copied into free rows of the buffers, right-aligned with the
+  batch's columns (the shorter side is padding, hidden by the attention mask);
+- **step**: one forward of the last token of every running row; each layer writes its new
+  column into the buffers in place (no copy of the cache, which ``DynamicCache``'s own
+  concatenation made at every step), and one ``argmax`` picks the token of every greedy row;
+- **leave**: a finished row's place is taken by one of the last rows (only that row is
+  copied), and columns that are padding for every remaining row are cut by moving the
+  window's start; the buffers are dropped when the batch empties, so memory follows the live
+  sequences. They grow by half again when a step or a newcomer needs room they lack.
+
+The forwards run on the thread count the thread governor learns for their number of rows
+(:mod:`.engines.governor`), as whole batches do: beside other work a step on fewer threads
+can be many times faster.
 
 Everything here runs on the model's instance thread (``torch`` releases the GIL); the
 scheduler that decides who joins and leaves is :mod:`batching.runtime.decoding`.
@@ -134,8 +144,22 @@ class _Window:
         for the shapes of empty buffers."""
         if rows <= self.rows_capacity and start >= 0 and end <= self.columns_capacity:
             return
+        self._reallocate(rows, start, end, like)
+
+    def shrink(self) -> None:
+        """Smaller buffers when the live part fills under a quarter of the rows or columns
+        (memory follows the live sequences, not the largest batch seen)."""
+        span = self.end - self.start
+        if self.rows_capacity > 4 * max(self.count, 4) or self.columns_capacity > 4 * (span + 16):
+            self._reallocate(self.count, self.start, self.end, self.keys, grow=False)
+
+    def _reallocate(
+        self, rows: int, start: int, end: int, like: Seq[torch.Tensor], grow: bool = True
+    ) -> None:
         span = end - start
-        row_room = max(rows, self.rows_capacity + self.rows_capacity // 2, 4)
+        row_room = max(rows + rows // 2, 4)
+        if grow:
+            row_room = max(row_room, self.rows_capacity + self.rows_capacity // 2)
         left = span // 4 + 8 if start < 0 else 0
         column_room = left + span + span // 2 + 16
         shift = left - start
@@ -489,6 +513,7 @@ class DecodeBatch:
         if first > 0:
             self.mask = self.mask[:, first:]
             self.window.start += first
+        self.window.shrink()
 
 
 def _layers(cache: DynamicCache) -> list[DynamicLayer]:
