@@ -2,10 +2,12 @@
 batcher, for requests that generate token by token (the streaming doors).
 
 Each instance runs a loop of decode steps on its own thread (the batcher's whole batches
-take the same thread between steps). Before every step, waiting requests join the running
-batch (their prefill) and the ones whose client went away or whose deadline passed leave;
-after it, finished ones leave at once, freeing their rows of the cache. A request's tokens
-reach it as they come (:class:`Stream`).
+take the same thread between steps). Before every step, the ones whose client went away or
+whose deadline passed leave, and waiting requests join the running batch: their prefill runs
+first, all of a turn's newcomers together when the batch offers ``join_items``, and their
+first tokens go out while the step runs (a newcomer does not wait for the running rows'
+step before its first token). After the step, finished ones leave at once, freeing their
+rows of the cache. A request's tokens reach it as they come (:class:`Stream`).
 
 Admission counts tokens: a request reserves its prompt's tokens plus its ``max_new_tokens``
 (the most cache it can fill) from the model's budget (``--max-batch-tokens``; by default
