@@ -425,3 +425,29 @@ async def _newcomers_join_together_before_the_running_rows_step() -> None:
     assert batch.calls[at + 1] == ("step", sorted([first.key, second.key, third.key]))
     first.cancel()
     task.cancel()
+
+
+def test_a_forward_runs_on_the_governors_threads_and_leaves_the_count_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    from batching.models.decoding import _Threads
+    from batching.models.engines.governor import ThreadGovernor
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setenv("BATCHING_ADAPTIVE_THREADS", "1")
+    threads = _Threads()
+    assert not threads.fixed
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen: list[int] = []
+        one = ThreadGovernor((1,))
+        out = threads.run(one, 4, 4, lambda: seen.append(torch.get_num_threads()) or "out")
+        assert out == "out" and seen == [1]
+        assert torch.get_num_threads() == 2
+        learnt = one.describe()["<=7"]  # the forward's time on one thread, for 4 rows
+        assert isinstance(learnt, dict) and "1" in learnt["us_per_token"]
+    finally:
+        torch.set_num_threads(before)

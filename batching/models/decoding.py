@@ -243,10 +243,16 @@ class _Threads:
         if self.fixed:
             return forward()
         threads = governor.pick(rows)
-        if torch.get_num_threads() != threads:
+        before = torch.get_num_threads()
+        if before != threads:
             torch.set_num_threads(threads)
         started = time.perf_counter()
-        result = forward()
+        try:
+            result = forward()
+        finally:
+            # The whole batches that share the instance's thread keep their own count.
+            if before != threads:
+                torch.set_num_threads(before)
         seconds = time.perf_counter() - started
         governor.observe(rows, tokens, threads, seconds)
         if self.contention is not None:
