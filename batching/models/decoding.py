@@ -21,7 +21,7 @@ batch owns (:class:`_Window`: rows by columns, with room to grow):
 - **leave**: a finished row's place is taken by one of the last rows (only that row is
   copied), and columns that are padding for every remaining row are cut by moving the
   window's start; the buffers are dropped when the batch empties, so memory follows the live
-  sequences. They double when a step or a newcomer needs room they lack.
+  sequences. When a step or a newcomer needs room they lack, they grow by half again.
 
 The forwards run on the thread count the thread governor learns for their number of rows
 (:mod:`.engines.governor`), as whole batches do: beside other work a step on fewer threads
@@ -118,7 +118,7 @@ class _Window:
     ``[row capacity, heads, column capacity, head dim]`` of which rows ``[0, count)`` and
     columns ``[start, end)`` are in use. Steps write their column in place; rows join and leave
     by copying only their own rows; padding columns are cut by moving ``start``. The buffers
-    grow (they double) only when a step or a newcomer needs room they do not have."""
+    grow by half again only when a step or a newcomer needs room they do not have."""
 
     __slots__ = ("count", "end", "keys", "start", "values")
 
@@ -147,21 +147,17 @@ class _Window:
         self._reallocate(rows, start, end, like)
 
     def shrink(self) -> None:
-        """Smaller buffers when the live part fills under a quarter of the rows or columns
-        (memory follows the live sequences, not the largest batch seen)."""
+        """Smaller buffers when the live part fills under half the rows or columns (memory
+        follows the live sequences, not the largest batch seen)."""
         span = self.end - self.start
-        if self.rows_capacity > 4 * max(self.count, 4) or self.columns_capacity > 4 * (span + 32):
-            self._reallocate(self.count, self.start, self.end, self.keys, grow=False)
+        if self.rows_capacity > 2 * max(self.count, 4) or self.columns_capacity > 2 * (span + 32):
+            self._reallocate(self.count, self.start, self.end, self.keys)
 
-    def _reallocate(
-        self, rows: int, start: int, end: int, like: Seq[torch.Tensor], grow: bool = True
-    ) -> None:
+    def _reallocate(self, rows: int, start: int, end: int, like: Seq[torch.Tensor]) -> None:
         span = end - start
         row_room = max(rows + rows // 2, 4)
-        if grow:
-            row_room = max(row_room, 2 * self.rows_capacity)
         left = span // 4 + 8 if start < 0 else 0
-        column_room = left + 2 * span + 32
+        column_room = left + span + span // 2 + 32
         shift = left - start
         keys, values = [], []
         for index, sample in enumerate(like):
