@@ -451,3 +451,30 @@ def test_a_forward_runs_on_the_governors_threads_and_leaves_the_count_as_it_was(
         assert isinstance(learnt, dict) and "1" in learnt["us_per_token"]
     finally:
         torch.set_num_threads(before)
+
+
+class SharedPrefillBreaks(Together):
+    """A batch whose shared prefill raises: the loop then joins each newcomer alone."""
+
+    def join_items(self, items: list[tuple[int, Any]]) -> list[Piece | BaseException]:
+        super().join_items([])
+        raise RuntimeError("the shared prefill broke")
+
+
+def test_a_shared_prefill_that_raises_is_retried_one_by_one() -> None:
+    asyncio.run(_a_shared_prefill_that_raises_is_retried_one_by_one())
+
+
+async def _a_shared_prefill_that_raises_is_retried_one_by_one() -> None:
+    decoder = Decoder("m", max_rows=4, budget=1000)
+    batch = SharedPrefillBreaks()
+    task = await started(decoder, batch)
+    deadline = asyncio.get_running_loop().time() + 30
+    good = decoder.submit((3, None), 10, deadline)
+    bad = decoder.submit((3, "join"), 10, deadline)
+    assert await drain(good) == "abb"
+    with pytest.raises(InferenceFailed):
+        await bad.next()
+    assert batch.joined == [good.key]
+    assert decoder.reserved == 0
+    task.cancel()

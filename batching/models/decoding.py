@@ -370,11 +370,11 @@ class DecodeBatch:
 
         output = self.threads.run(self.threads.prefills, len(prompts), int(mask.numel()), forward)
         picked = self._pick_all(sequences, output.logits[:, -1])
+        pairs = zip(sequences, picked, strict=True)
+        tokens = [self._advance(sequence, token) for sequence, token in pairs]
+        # Added last: whatever raised before leaves the batch as it was.
         self._append(sequences, cache, mask)
-        return [
-            self._advance(sequence, token)
-            for sequence, token in zip(sequences, picked, strict=True)
-        ]
+        return tokens
 
     def _append(self, sequences: list[Sequence], cache: DynamicCache, mask: torch.Tensor) -> None:
         window, width = self.window, int(mask.shape[1])

@@ -279,8 +279,13 @@ class Decoder:
             batch.leave(leaving)
             joined: list[Piece | BaseException] = []
             if join_items is not None:
-                joined = list(join_items(items))
-            else:
+                try:
+                    joined = list(join_items(items))
+                except Exception:  # the batch's own fault: each newcomer is tried alone
+                    logger.exception("model %s: a shared prefill failed", self.name)
+                    joined = []
+            if len(joined) != len(items):
+                joined = []
                 for key, item in items:
                     try:
                         joined.append(batch.join_item(key, item))
