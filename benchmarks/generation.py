@@ -14,10 +14,14 @@ one run, on a small causal LM built from a config:
    beside it (``--no-transformers-serve`` to skip; its error is the finding if it fails: it
    needs ``pip install accelerate`` besides FastAPI and uvicorn).
 
-All greedy (the same tokens whichever way), fp32, on the server's default threads. Prints one
-table and writes the figures as JSON (``--json``).
+All greedy (the same tokens whichever way), fp32, on the server's default threads. The first
+two streams are a warm-up (one-time costs are not a lone request's time to first token). With
+``--repeats N`` the server's alternatives run N times interleaved (lone requests, streams,
+whole batches, again) and the offline manager N times; the table shows medians, the JSON each
+run too. Prints one table and writes the figures as JSON (``--json``).
 
     python benchmarks/generation.py
+    python benchmarks/generation.py --repeats 3
     python benchmarks/generation.py --requests 8 --max-new 8,16 --long 24 --quick
 
 This is a benchmark: run it on a quiet machine (``--quick`` only checks that it runs).
@@ -296,6 +300,12 @@ def main() -> None:
     parser.add_argument("--positions", type=int, default=512)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of each alternative, interleaved; the table shows their medians",
+    )
     parser.add_argument("--quick", action="store_true", help="a tiny model: checks it runs")
     parser.add_argument(
         "--no-transformers-serve",
@@ -325,14 +335,29 @@ def main() -> None:
         )
         server.start()
         try:
-            lone = [asyncio.run(streams(server.url, [reqs[i]], 1))[1][0] for i in range(3)]
-            elapsed, results = asyncio.run(streams(server.url, reqs, args.concurrency))
-            tokens = sum(r.tokens for r in results)
-            batched_s = asyncio.run(whole_batches(server.url, reqs, args.concurrency))
+            # The first streams pay one-time costs (the first forward of each shape, the
+            # first connection): not a lone request's time to first token.
+            asyncio.run(streams(server.url, reqs[:2], 2))
+            rates, batched_rates, ttfts, lone_ttfts = [], [], [], []
+            for _ in range(args.repeats):  # the alternatives interleaved
+                lone = [asyncio.run(streams(server.url, [reqs[i]], 1))[1][0] for i in range(3)]
+                lone_ttfts.append(statistics.median(r.ttft for r in lone))
+                elapsed, results = asyncio.run(streams(server.url, reqs, args.concurrency))
+                tokens = sum(r.tokens for r in results)
+                rates.append(tokens / elapsed)
+                ttfts.append(statistics.median(r.ttft for r in results))
+                batched_s = asyncio.run(whole_batches(server.url, reqs, args.concurrency))
+                batched_rates.append(tokens / batched_s)
             race = asyncio.run(short_during_long(server.url, args.long))
         finally:
             server.stop()
-        offline = offline_continuous(folder, reqs)
+        offlines = [offline_continuous(folder, reqs) for _ in range(args.repeats)]
+        rated = [o for o in offlines if "tokens_per_s" in o]
+        offline = (
+            {**rated[0], "tokens_per_s": statistics.median(o["tokens_per_s"] for o in rated)}
+            if rated
+            else offlines[0]
+        )
         serve = (
             transformers_serve(folder, reqs, args.concurrency, Path(tmp) / "serve.log")
             if args.transformers_serve
@@ -341,12 +366,20 @@ def main() -> None:
     figures: dict[str, Any] = {
         "requests": args.requests,
         "concurrency": args.concurrency,
+        "repeats": args.repeats,
         "output_tokens": tokens,
-        "streams_tokens_per_s": tokens / elapsed,
-        "whole_batch_tokens_per_s": tokens / batched_s,
+        "streams_tokens_per_s": statistics.median(rates),
+        "whole_batch_tokens_per_s": statistics.median(batched_rates),
         "offline_continuous": offline,
-        "ttft_p50_s": statistics.median(r.ttft for r in results),
-        "lone_ttft_s": statistics.median(r.ttft for r in lone),
+        "ttft_p50_s": statistics.median(ttfts),
+        "lone_ttft_s": statistics.median(lone_ttfts),
+        "each_repeat": {
+            "streams_tokens_per_s": rates,
+            "whole_batch_tokens_per_s": batched_rates,
+            "offline_tokens_per_s": [o.get("tokens_per_s") for o in offlines],
+            "ttft_p50_s": ttfts,
+            "lone_ttft_s": lone_ttfts,
+        },
         "short_during_long": race,
         "transformers_serve": serve,
     }

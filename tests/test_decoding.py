@@ -12,9 +12,15 @@ from typing import Any
 
 import pytest
 
-from batching.errors import DeadlineExceeded, InferenceFailed, Overloaded, PayloadTooLarge
+from batching.errors import (
+    DeadlineExceeded,
+    InferenceFailed,
+    Overloaded,
+    PayloadTooLarge,
+    UnprocessableInput,
+)
 from batching.models.causal import TextGenerator
-from batching.models.decoding import DecodeBatch
+from batching.models.decoding import DecodeBatch, Token
 from batching.models.parameters import TaskItem
 from batching.runtime.decoding import Decoder
 from tests.support.generators import causal_reference, direct, gpt2_folder
@@ -47,8 +53,11 @@ def item(text: str, tokens: int) -> TaskItem:
     return TaskItem(text, (("max_new_tokens", tokens),))
 
 
-def run(batch: DecodeBatch, joins: dict[int, list[tuple[int, TaskItem]]]) -> dict[int, list[int]]:
-    """Steps ``batch`` until it is empty; before step ``n``, the items of ``joins[n]`` join."""
+def run(
+    batch: DecodeBatch, joins: dict[int, list[tuple[int, TaskItem]]], together: bool = False
+) -> dict[int, list[int]]:
+    """Steps ``batch`` until it is empty; before step ``n``, the items of ``joins[n]`` join
+    (one by one, or ``together`` in one prefill)."""
     tokens: dict[int, list[int]] = {}
     step = 0
     while len(batch) or any(n >= step for n in joins):
@@ -57,11 +66,17 @@ def run(batch: DecodeBatch, joins: dict[int, list[tuple[int, TaskItem]]]) -> dic
             tokens[piece.key].append(piece.token_id)
             if piece.finish:
                 ended.add(piece.key)
-        for key, entry in joins.get(step, []):
-            piece = batch.join_item(key, entry)
-            tokens[key] = [piece.token_id]
+        newcomers = joins.get(step, [])
+        pieces: list[Token | BaseException] = []
+        if together and newcomers:
+            pieces = batch.join_items(newcomers)
+        else:
+            pieces = [batch.join_item(key, entry) for key, entry in newcomers]
+        for piece in pieces:
+            assert not isinstance(piece, BaseException)
+            tokens[piece.key] = [piece.token_id]
             if piece.finish:
-                ended.add(key)
+                ended.add(piece.key)
         batch.leave(ended)
         step += 1
     return tokens
@@ -93,6 +108,38 @@ def test_greedy_tokens_are_the_same_alone_in_a_burst_and_joining(
     assert [joined[i] for i in range(16)] == expected
 
 
+def test_newcomers_prefilled_together_get_the_tokens_they_get_alone(
+    folder: Path, generator: TextGenerator
+) -> None:
+    reference = causal_reference(folder)
+    lengths = [20, 3, 12, 25, 7, 16, 9, 22]
+    items = [item(PROMPTS[i % 8], lengths[i % 8] - i // 8) for i in range(16)]
+    expected = [
+        direct(reference, generator._prepare(0, entry).ids, max_new_tokens=lengths[i % 8] - i // 8)
+        for i, entry in enumerate(items)
+    ]
+    # A burst of 16 in one padded prefill.
+    burst = run(generator.decode_batch(), {0: list(enumerate(items))}, together=True)
+    assert [burst[i] for i in range(16)] == expected
+    # Groups joining a running batch whose cache is shorter or longer than theirs, while rows
+    # leave (the cache's buffers grow on either side and rows move into freed places).
+    joins: dict[int, list[tuple[int, TaskItem]]] = {}
+    for index, entry in enumerate(items):
+        joins.setdefault((index * 7) % 11, []).append((index, entry))
+    joined = run(generator.decode_batch(), joins, together=True)
+    assert [joined[i] for i in range(16)] == expected
+
+
+def test_a_newcomer_that_fails_fails_alone_in_a_shared_prefill(generator: TextGenerator) -> None:
+    batch = generator.decode_batch()
+    too_long = TaskItem(" ".join(PROMPTS * 4), (("max_new_tokens", 4), ("truncate", False)))
+    outcomes = batch.join_items([(0, item(PROMPTS[0], 4)), (1, too_long), (2, 42)])
+    assert not isinstance(outcomes[0], BaseException) and outcomes[0].key == 0
+    assert isinstance(outcomes[1], PayloadTooLarge)
+    assert isinstance(outcomes[2], UnprocessableInput)
+    assert len(batch) == 1
+
+
 def test_rows_that_leave_free_their_cache(generator: TextGenerator) -> None:
     batch = generator.decode_batch()
     batch.join_item(0, item(PROMPTS[5], 20))
@@ -104,6 +151,19 @@ def test_rows_that_leave_free_their_cache(generator: TextGenerator) -> None:
     assert batch.columns < wide  # the long prompt's padding columns are gone
     batch.leave({1})
     assert len(batch) == 0 and batch.cache is None
+
+
+def test_the_cache_buffers_shrink_when_most_rows_left(generator: TextGenerator) -> None:
+    batch = generator.decode_batch()
+    batch.join_items([(key, item(PROMPTS[key % 8], 20)) for key in range(16)])
+    batch.step()
+    assert batch.window.rows_capacity >= 16
+    batch.leave(set(range(14)))
+    assert len(batch) == 2 and batch.window.count == 2
+    assert batch.window.rows_capacity < 16
+    assert {row.key for row in batch.rows} == {14, 15}
+    pieces = batch.step()  # the rows that moved still decode
+    assert [piece.key for piece in pieces] == [row.key for row in batch.rows]
 
 
 def test_seeded_sampling_is_the_same_alone_and_in_company(generator: TextGenerator) -> None:
@@ -314,5 +374,107 @@ async def _a_fault_fails_its_own_sequence_only() -> None:
         await broken.next()
     after = decoder.submit((2, None), 10, deadline)
     assert await drain(after) == "ab"
+    assert decoder.reserved == 0
+    task.cancel()
+
+
+class Together(Scripted):
+    """A scripted batch that also prefills several newcomers at once, and logs its calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, list[int]]] = []
+
+    def join_items(self, items: list[tuple[int, Any]]) -> list[Piece | BaseException]:
+        self.calls.append(("join", [key for key, _ in items]))
+        outcomes: list[Piece | BaseException] = []
+        for key, entry in items:
+            try:
+                outcomes.append(self.join_item(key, entry))
+            except ValueError as exc:
+                outcomes.append(exc)
+        return outcomes
+
+    def step(self) -> list[Piece]:
+        self.calls.append(("step", sorted(self.rows)))
+        return super().step()
+
+
+def test_newcomers_join_together_before_the_running_rows_step() -> None:
+    asyncio.run(_newcomers_join_together_before_the_running_rows_step())
+
+
+async def _newcomers_join_together_before_the_running_rows_step() -> None:
+    decoder = Decoder("m", max_rows=4, budget=1000)
+    batch = Together()
+    task = await started(decoder, batch)
+    deadline = asyncio.get_running_loop().time() + 30
+    first = decoder.submit((1000, None), 10, deadline)
+    assert (await first.next()) is not None
+    second = decoder.submit((3, None), 10, deadline)
+    bad = decoder.submit((3, "join"), 10, deadline)
+    third = decoder.submit((2, None), 10, deadline)
+    assert await drain(third) == "ab"
+    with pytest.raises(InferenceFailed):
+        await bad.next()
+    assert await drain(second) == "abb"
+    joins = [keys for kind, keys in batch.calls if kind == "join"]
+    assert joins == [[first.key], [second.key, bad.key, third.key]]
+    # The newcomers' prefill came before the first step that runs them.
+    at = batch.calls.index(("join", [second.key, bad.key, third.key]))
+    assert batch.calls[at + 1] == ("step", sorted([first.key, second.key, third.key]))
+    first.cancel()
+    task.cancel()
+
+
+def test_a_forward_runs_on_the_governors_threads_and_leaves_the_count_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    from batching.models.decoding import _Threads
+    from batching.models.engines.governor import ThreadGovernor
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setenv("BATCHING_ADAPTIVE_THREADS", "1")
+    threads = _Threads()
+    assert not threads.fixed
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen: list[int] = []
+        one = ThreadGovernor((1,))
+        out = threads.run(one, 4, 4, lambda: seen.append(torch.get_num_threads()) or "out")
+        assert out == "out" and seen == [1]
+        assert torch.get_num_threads() == 2
+        learnt = one.describe()["<=7"]  # the forward's time on one thread, for 4 rows
+        assert isinstance(learnt, dict) and "1" in learnt["us_per_token"]
+    finally:
+        torch.set_num_threads(before)
+
+
+class SharedPrefillBreaks(Together):
+    """A batch whose shared prefill raises: the loop then joins each newcomer alone."""
+
+    def join_items(self, items: list[tuple[int, Any]]) -> list[Piece | BaseException]:
+        super().join_items([])
+        raise RuntimeError("the shared prefill broke")
+
+
+def test_a_shared_prefill_that_raises_is_retried_one_by_one() -> None:
+    asyncio.run(_a_shared_prefill_that_raises_is_retried_one_by_one())
+
+
+async def _a_shared_prefill_that_raises_is_retried_one_by_one() -> None:
+    decoder = Decoder("m", max_rows=4, budget=1000)
+    batch = SharedPrefillBreaks()
+    task = await started(decoder, batch)
+    deadline = asyncio.get_running_loop().time() + 30
+    good = decoder.submit((3, None), 10, deadline)
+    bad = decoder.submit((3, "join"), 10, deadline)
+    assert await drain(good) == "abb"
+    with pytest.raises(InferenceFailed):
+        await bad.next()
+    assert batch.joined == [good.key]
     assert decoder.reserved == 0
     task.cancel()

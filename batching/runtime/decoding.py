@@ -2,10 +2,12 @@
 batcher, for requests that generate token by token (the streaming doors).
 
 Each instance runs a loop of decode steps on its own thread (the batcher's whole batches
-take the same thread between steps). Before every step, waiting requests join the running
-batch (their prefill) and the ones whose client went away or whose deadline passed leave;
-after it, finished ones leave at once, freeing their rows of the cache. A request's tokens
-reach it as they come (:class:`Stream`).
+take the same thread between steps). Before every step, the ones whose client went away or
+whose deadline passed leave, and waiting requests join the running batch: their prefill runs
+first, all of a turn's newcomers together when the batch offers ``join_items``, and their
+first tokens go out while the step runs (a newcomer does not wait for the running rows'
+step before its first token). After the step, finished ones leave at once, freeing their
+rows of the cache. A request's tokens reach it as they come (:class:`Stream`).
 
 Admission counts tokens: a request reserves its prompt's tokens plus its ``max_new_tokens``
 (the most cache it can fill) from the model's budget (``--max-batch-tokens``; by default
@@ -63,7 +65,13 @@ class Piece(Protocol):
 
 
 class RunningBatch(Protocol):
-    """The model side of the loop (:class:`batching.models.decoding.DecodeBatch`)."""
+    """The model side of the loop (:class:`batching.models.decoding.DecodeBatch`).
+
+    A batch may also offer ``join_items(items: Sequence[tuple[int, Any]]) ->
+    list[Piece | BaseException]``: the newcomers of one turn (key and item) prefilled
+    together, each with its first piece or the exception that fails it alone, in their order.
+    The loop uses it when it is there, and ``join_item`` one by one otherwise.
+    """
 
     def __len__(self) -> int: ...
     def join_item(self, key: int, item: Any) -> Piece: ...
@@ -248,31 +256,76 @@ class Decoder:
                 self._expire(stream)
                 continue
             joining.append(stream)
+        if joining:
+            await self._join(call, batch, running, leaving, joining)
+            leaving = set()
+        if running or leaving:
+            await self._advance(call, batch, running, leaving)
+
+    async def _join(
+        self,
+        call: Callable[[Callable[[Any], Any]], Awaitable[Any]],
+        batch: RunningBatch,
+        running: dict[int, Stream],
+        leaving: set[int],
+        joining: list[Stream],
+    ) -> None:
+        """The newcomers' prefill, before the running rows' next step: their first tokens go
+        out without waiting for it."""
+        items = [(stream.key, stream.item) for stream in joining]
+        join_items = getattr(batch, "join_items", None)
+
+        def work(model: Any) -> list[Piece | BaseException]:
+            batch.leave(leaving)
+            joined: list[Piece | BaseException] = []
+            if join_items is not None:
+                try:
+                    joined = list(join_items(items))
+                except Exception:  # the batch's own fault: each newcomer is tried alone
+                    logger.exception("model %s: a shared prefill failed", self.name)
+                    joined = []
+            if len(joined) != len(items):
+                joined = []
+                for key, item in items:
+                    try:
+                        joined.append(batch.join_item(key, item))
+                    except Exception as exc:
+                        joined.append(exc)
+            batch.leave({p.key for p in joined if not isinstance(p, BaseException) and p.finish})
+            return joined
+
+        joined = await call(work)
+        for stream, outcome in zip(joining, joined, strict=True):
+            if isinstance(outcome, BaseException):
+                self._release(stream, self._failure(stream, outcome))
+                continue
+            running[stream.key] = stream
+            self._deliver(running, stream, outcome)
+
+    async def _advance(
+        self,
+        call: Callable[[Callable[[Any], Any]], Awaitable[Any]],
+        batch: RunningBatch,
+        running: dict[int, Stream],
+        leaving: set[int],
+    ) -> None:
+        """One step of the running rows; the ones it finished leave at once."""
         stepping = list(running)
 
-        def work(model: Any) -> tuple[list[Piece] | BaseException, list[Piece | BaseException]]:
+        def work(model: Any) -> list[Piece] | BaseException:
             batch.leave(leaving)
-            stepped: list[Piece] | BaseException = []
-            if len(batch):
-                try:
-                    stepped = batch.step()
-                except Exception as exc:
-                    stepped = exc
-                    batch.leave(set(stepping))
-            joined: list[Piece | BaseException] = []
-            for stream in joining:
-                try:
-                    joined.append(batch.join_item(stream.key, stream.item))
-                except Exception as exc:
-                    joined.append(exc)
-            ended = {p.key for p in joined if not isinstance(p, BaseException) and p.finish}
-            if not isinstance(stepped, BaseException):
-                ended |= {piece.key for piece in stepped if piece.finish}
-            batch.leave(ended)
-            return stepped, joined
+            if not len(batch):
+                return []
+            try:
+                stepped = batch.step()
+            except Exception as exc:
+                batch.leave(set(stepping))
+                return exc
+            batch.leave({piece.key for piece in stepped if piece.finish})
+            return stepped
 
         started = time.perf_counter()
-        stepped, joined = await call(work)
+        stepped = await call(work)
         self._step_s = 0.8 * self._step_s + 0.2 * (time.perf_counter() - started)
         if isinstance(stepped, BaseException):
             logger.error("model %s: a decode step failed", self.name, exc_info=stepped)
@@ -281,12 +334,6 @@ class Decoder:
         else:
             for piece in stepped:
                 self._deliver(running, running[piece.key], piece)
-        for stream, outcome in zip(joining, joined, strict=True):
-            if isinstance(outcome, BaseException):
-                self._release(stream, self._failure(stream, outcome))
-                continue
-            running[stream.key] = stream
-            self._deliver(running, stream, outcome)
 
     def _deliver(self, running: dict[int, Stream], stream: Stream, piece: Piece) -> None:
         stream.generated += 1
