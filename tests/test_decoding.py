@@ -20,10 +20,10 @@ from batching.errors import (
     UnprocessableInput,
 )
 from batching.models.causal import TextGenerator
-from batching.models.decoding import DecodeBatch, Token
 from batching.models.parameters import TaskItem
 from batching.runtime.decoding import Decoder
 from tests.support.generators import causal_reference, direct, gpt2_folder
+from tests.support.running_batches import check_seeded_sampling, check_stop_string, item, run
 
 PROMPTS = [
     "the cat sat",
@@ -47,39 +47,6 @@ def generator(folder: Path) -> TextGenerator:
     model = TextGenerator("text-generation", folder)
     model.load("cpu")
     return model
-
-
-def item(text: str, tokens: int) -> TaskItem:
-    return TaskItem(text, (("max_new_tokens", tokens),))
-
-
-def run(
-    batch: DecodeBatch, joins: dict[int, list[tuple[int, TaskItem]]], together: bool = False
-) -> dict[int, list[int]]:
-    """Steps ``batch`` until it is empty; before step ``n``, the items of ``joins[n]`` join
-    (one by one, or ``together`` in one prefill)."""
-    tokens: dict[int, list[int]] = {}
-    step = 0
-    while len(batch) or any(n >= step for n in joins):
-        ended: set[int] = set()
-        for piece in batch.step():
-            tokens[piece.key].append(piece.token_id)
-            if piece.finish:
-                ended.add(piece.key)
-        newcomers = joins.get(step, [])
-        pieces: list[Token | BaseException] = []
-        if together and newcomers:
-            pieces = batch.join_items(newcomers)
-        else:
-            pieces = [batch.join_item(key, entry) for key, entry in newcomers]
-        for piece in pieces:
-            assert not isinstance(piece, BaseException)
-            tokens[piece.key] = [piece.token_id]
-            if piece.finish:
-                ended.add(piece.key)
-        batch.leave(ended)
-        step += 1
-    return tokens
 
 
 def test_greedy_tokens_are_the_same_alone_in_a_burst_and_joining(
@@ -167,32 +134,11 @@ def test_the_cache_buffers_shrink_when_most_rows_left(generator: TextGenerator) 
 
 
 def test_seeded_sampling_is_the_same_alone_and_in_company(generator: TextGenerator) -> None:
-    sampled = TaskItem(
-        PROMPTS[2], (("do_sample", True), ("max_new_tokens", 12), ("seed", 7), ("top_p", 0.9))
-    )
-    alone = run(generator.decode_batch(), {0: [(0, sampled)]})[0]
-    company = run(
-        generator.decode_batch(),
-        {0: [(1, item(PROMPTS[0], 5))], 2: [(0, sampled), (2, item(PROMPTS[1], 20))]},
-    )
-    assert company[0] == alone
+    check_seeded_sampling(generator.decode_batch, PROMPTS)
 
 
 def test_a_stop_string_ends_the_sequence_and_is_not_sent(generator: TextGenerator) -> None:
-    batch = generator.decode_batch()
-    pieces = [batch.join_item(0, item(PROMPTS[0], 20))]
-    while pieces[-1].finish is None:
-        pieces.extend(batch.step())
-    whole = "".join(piece.text for piece in pieces)
-    assert len(whole) > 2
-    stop = whole[2:4]
-    batch = generator.decode_batch()
-    stopped = TaskItem(PROMPTS[0], (("max_new_tokens", 20), ("stop", (stop,))))
-    pieces = [batch.join_item(0, stopped)]
-    while pieces[-1].finish is None:
-        pieces.extend(batch.step())
-    assert "".join(piece.text for piece in pieces) == whole[: whole.find(stop)]
-    assert pieces[-1].finish == "stop"
+    check_stop_string(generator.decode_batch, PROMPTS[0], 2)
 
 
 # -- the scheduler over a scripted batch ------------------------------------------------------

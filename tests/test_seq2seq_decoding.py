@@ -21,6 +21,7 @@ from batching.models.seq2seq import Seq2SeqGenerator
 from batching.models.seq2seq_decoding import Seq2SeqDecodeBatch, check_decoder
 from batching.models.source import ModelSource
 from tests.support.generators import bart_folder, seq2seq_reference, t5_folder
+from tests.support.running_batches import check_seeded_sampling, check_stop_string, item, run
 
 PROMPTS = [
     "the cat sat",
@@ -57,10 +58,6 @@ def bart(folders: dict[str, Path]) -> Seq2SeqGenerator:
     return loaded(folders["bart"], "text2text-generation")
 
 
-def item(text: str, tokens: int) -> TaskItem:
-    return TaskItem(text, (("max_new_tokens", tokens),))
-
-
 def direct(folder: Path, ids: list[int], tokens: int) -> list[int]:
     """The new tokens of one unpadded greedy ``generate`` call, as transformers loads the
     folder (the start token left out)."""
@@ -74,28 +71,6 @@ def direct(folder: Path, ids: list[int], tokens: int) -> list[int]:
             max_new_tokens=tokens,
         )
     return list(out[0, 1:].tolist())
-
-
-def run(
-    batch: Seq2SeqDecodeBatch, joins: dict[int, list[tuple[int, TaskItem]]]
-) -> dict[int, list[int]]:
-    """Steps ``batch`` until it is empty; before step ``n``, the items of ``joins[n]`` join."""
-    tokens: dict[int, list[int]] = {}
-    step = 0
-    while len(batch) or any(n >= step for n in joins):
-        ended: set[int] = set()
-        for piece in batch.step():
-            tokens[piece.key].append(piece.token_id)
-            if piece.finish:
-                ended.add(piece.key)
-        for key, entry in joins.get(step, []):
-            piece = batch.join_item(key, entry)
-            tokens[key] = [piece.token_id]
-            if piece.finish:
-                ended.add(key)
-        batch.leave(ended)
-        step += 1
-    return tokens
 
 
 @pytest.mark.parametrize("name", ["t5", "bart"])
@@ -154,32 +129,11 @@ def test_rows_that_leave_free_both_caches(bart: Seq2SeqGenerator) -> None:
 
 
 def test_seeded_sampling_is_the_same_alone_and_in_company(t5: Seq2SeqGenerator) -> None:
-    sampled = TaskItem(
-        PROMPTS[2], (("do_sample", True), ("max_new_tokens", 12), ("seed", 7), ("top_p", 0.9))
-    )
-    alone = run(t5.decode_batch(), {0: [(0, sampled)]})[0]
-    company = run(
-        t5.decode_batch(),
-        {0: [(1, item(PROMPTS[0], 5))], 2: [(0, sampled), (2, item(PROMPTS[1], 20))]},
-    )
-    assert company[0] == alone
+    check_seeded_sampling(t5.decode_batch, PROMPTS)
 
 
 def test_a_stop_string_ends_the_sequence_and_is_not_sent(bart: Seq2SeqGenerator) -> None:
-    batch = bart.decode_batch()
-    pieces = [batch.join_item(0, item(PROMPTS[0], 20))]
-    while pieces[-1].finish is None:
-        pieces.extend(batch.step())
-    whole = "".join(piece.text for piece in pieces)
-    assert len(whole) > 4
-    stop = whole[2:4]
-    batch = bart.decode_batch()
-    stopped = TaskItem(PROMPTS[0], (("max_new_tokens", 20), ("stop", (stop,))))
-    pieces = [batch.join_item(0, stopped)]
-    while pieces[-1].finish is None:
-        pieces.extend(batch.step())
-    assert "".join(piece.text for piece in pieces) == whole[: whole.find(stop)]
-    assert pieces[-1].finish == "stop"
+    check_stop_string(bart.decode_batch, PROMPTS[0], 4)
 
 
 # -- decoders with other position schemes -----------------------------------------------------
