@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import http.server
 import logging
 import sys
 import threading
@@ -45,6 +44,7 @@ from tests.support.audio import (
 from tests.support.metrics import sample
 from tests.support.servers import free_port
 from tests.support.threaded import serving_in_thread
+from tests.support.url_trap import Trap, url_trap
 
 ASR = "automatic-speech-recognition"
 CLASSIFY = "audio-classification"
@@ -271,32 +271,10 @@ def test_unknown_or_bad_parameters_are_a_400_naming_them(server: tuple[str, str]
         assert named in refused.value.message()
 
 
-class _Recorder(http.server.BaseHTTPRequestHandler):
-    seen: list[str] = []
-
-    def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-        type(self).seen.append(self.path)
-        self.send_response(200)
-        self.send_header("Content-Type", "audio/wav")
-        self.end_headers()
-        self.wfile.write(WAV)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
-def trap() -> Iterator[str]:
-    """A URL on 127.0.0.1 that serves a valid WAV and records every request to it."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/speech.wav"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+def trap() -> Iterator[Trap]:
+    with url_trap(WAV, "audio/wav", "speech.wav") as serving:
+        yield serving
 
 
 def _status(exc: InferenceServerException) -> int:
@@ -338,16 +316,16 @@ def _refusals(url: str, target: str, model: str, value: bytes) -> list[tuple[str
     return answers
 
 
-def test_a_url_is_never_fetched(server: tuple[str, str], trap: str) -> None:
+def test_a_url_is_never_fetched(server: tuple[str, str], trap: Trap) -> None:
     url, target = server
-    _Recorder.seen.clear()
+    trap.seen.clear()
     for model in ("asr", "kws"):
-        answers = _refusals(url, target, model, trap.encode())
+        answers = _refusals(url, target, model, trap.url.encode())
         assert {status for _, status, _ in answers} == {400}, answers
         assert all("127.0.0.1" not in message for _, _, message in answers)
-    assert _Recorder.seen == []
+    assert trap.seen == []
     # The trap answers whoever asks: it would have been seen had the server fetched it.
-    assert httpx.get(trap).content == WAV and _Recorder.seen == ["/speech.wav"]
+    assert httpx.get(trap.url).content == WAV and trap.seen == ["/speech.wav"]
 
 
 def test_a_path_is_never_opened(server: tuple[str, str], tmp_path: Path) -> None:

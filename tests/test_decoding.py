@@ -23,7 +23,13 @@ from batching.models.causal import TextGenerator
 from batching.models.parameters import TaskItem
 from batching.runtime.decoding import Decoder
 from tests.support.generators import causal_reference, direct, gpt2_folder
-from tests.support.running_batches import check_seeded_sampling, check_stop_string, item, run
+from tests.support.running_batches import (
+    check_company_free,
+    check_seeded_sampling,
+    check_stop_string,
+    item,
+    run,
+)
 
 PROMPTS = [
     "the cat sat",
@@ -59,20 +65,7 @@ def test_greedy_tokens_are_the_same_alone_in_a_burst_and_joining(
     expected = [
         direct(reference, ids[i], max_new_tokens=lengths[i % 8] - i // 8) for i in range(16)
     ]
-    # Alone: one sequence in the batch.
-    for index in (0, 3, 9):
-        alone = run(generator.decode_batch(), {0: [(index, items[index])]})
-        assert alone[index] == expected[index]
-    # A burst of 16 joining together.
-    burst = run(generator.decode_batch(), {0: list(enumerate(items))})
-    assert [burst[i] for i in range(16)] == expected
-    # Joining a running batch at different steps (the batch's cache is longer or shorter
-    # than the newcomer's, and rows leave in between).
-    joins: dict[int, list[tuple[int, TaskItem]]] = {}
-    for index, entry in enumerate(items):
-        joins.setdefault((index * 5) % 17, []).append((index, entry))
-    joined = run(generator.decode_batch(), joins)
-    assert [joined[i] for i in range(16)] == expected
+    check_company_free(generator.decode_batch, items, expected)
 
 
 def test_newcomers_prefilled_together_get_the_tokens_they_get_alone(

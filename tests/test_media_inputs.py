@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import http.server
 import io
 import sys
 import threading
@@ -31,6 +30,7 @@ from batching.models.imaging import sample_png
 from tests.support.grpc_door import raw_output, typed_request
 from tests.support.servers import free_port
 from tests.support.threaded import serving_in_thread
+from tests.support.url_trap import Trap, url_trap
 
 MODEL = "bytes"
 #: Low enough that a small generated image is over it.
@@ -63,32 +63,10 @@ def _png(width: int, height: int) -> bytes:
     return buffer.getvalue()
 
 
-class _Recorder(http.server.BaseHTTPRequestHandler):
-    seen: list[str] = []
-
-    def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-        type(self).seen.append(self.path)
-        self.send_response(200)
-        self.send_header("Content-Type", "image/png")
-        self.end_headers()
-        self.wfile.write(PNG)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
-def trap() -> Iterator[str]:
-    """A URL on 127.0.0.1 that serves a valid PNG and records every request to it."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/cat.png"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+def trap() -> Iterator[Trap]:
+    with url_trap(PNG, "image/png", "cat.png") as serving:
+        yield serving
 
 
 @pytest.fixture(scope="module")
@@ -168,15 +146,15 @@ def _refusals(url: str, target: str, value: str) -> list[tuple[str, int, str]]:
     return answers
 
 
-def test_a_url_is_never_fetched(server: tuple[str, str], trap: str) -> None:
+def test_a_url_is_never_fetched(server: tuple[str, str], trap: Trap) -> None:
     url, target = server
-    _Recorder.seen.clear()
-    answers = _refusals(url, target, trap)
+    trap.seen.clear()
+    answers = _refusals(url, target, trap.url)
     assert [status for _, status, _ in answers] == [400] * 4, answers
-    assert _Recorder.seen == []
+    assert trap.seen == []
     assert all("127.0.0.1" not in message for _, _, message in answers)
     # The trap answers whoever asks: it would have been seen had the server fetched it.
-    assert httpx.get(trap).content == PNG and _Recorder.seen == ["/cat.png"]
+    assert httpx.get(trap.url).content == PNG and trap.seen == ["/cat.png"]
 
 
 def test_a_path_is_never_opened(server: tuple[str, str], tmp_path: Path) -> None:

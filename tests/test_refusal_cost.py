@@ -24,13 +24,20 @@ class GatedCountingEmbedder(OptionEmbedder):
         self.gate = threading.Event()
         self.entered = threading.Event()
         self.counted = 0
+        #: Set once two texts have been counted (each is counted twice: used and length).
+        self.two_counted = threading.Event()
+
+    def _count(self) -> None:
+        self.counted += 1
+        if self.counted >= 2 * 2:
+            self.two_counted.set()
 
     def count_tokens(self, item: Any) -> int:
-        self.counted += 1
+        self._count()
         return super().count_tokens(item)
 
     def token_length(self, item: Any, limit: int) -> int:
-        self.counted += 1
+        self._count()
         return super().token_length(item, limit)
 
     def predict(self, inputs: list[Any]) -> list[Any]:
@@ -47,10 +54,7 @@ async def test_a_refused_request_has_no_tokens_counted() -> None:
         running = asyncio.ensure_future(client.post("/models/opts", json={"inputs": ["a b"]}))
         await asyncio.to_thread(model.entered.wait, 30)
         queued = asyncio.ensure_future(client.post("/models/opts", json={"inputs": ["c d"]}))
-        for _ in range(2000):  # until the second is counted (used and length) and queued
-            if model.counted >= 2 * 2:
-                break
-            await asyncio.sleep(0.005)  # polling the model's own counter, with a deadline
+        assert await asyncio.to_thread(model.two_counted.wait, 30)  # the second is queued
         before = model.counted
         refused = await client.post("/models/opts", json={"inputs": ["e f"]})
         assert refused.status_code == 503, refused.text

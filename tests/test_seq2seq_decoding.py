@@ -16,12 +16,17 @@ import transformers
 
 from batching.models.generation import Defaults, Settings
 from batching.models.generator import Prompt
-from batching.models.parameters import TaskItem
 from batching.models.seq2seq import Seq2SeqGenerator
 from batching.models.seq2seq_decoding import Seq2SeqDecodeBatch, check_decoder
 from batching.models.source import ModelSource
 from tests.support.generators import bart_folder, seq2seq_reference, t5_folder
-from tests.support.running_batches import check_seeded_sampling, check_stop_string, item, run
+from tests.support.running_batches import (
+    check_company_free,
+    check_seeded_sampling,
+    check_stop_string,
+    item,
+    run,
+)
 
 PROMPTS = [
     "the cat sat",
@@ -84,18 +89,7 @@ def test_greedy_tokens_are_the_same_alone_in_a_burst_and_joining(
     expected = [direct(folders[name], ids[i], lengths[i % 8] - i // 8) for i in range(16)]
     # The tiny models answer more than the start token and end token.
     assert sum(len(tokens) for tokens in expected) > 60
-    for index in (0, 3, 9):
-        alone = run(model.decode_batch(), {0: [(index, items[index])]})
-        assert alone[index] == expected[index]
-    burst = run(model.decode_batch(), {0: list(enumerate(items))})
-    assert [burst[i] for i in range(16)] == expected
-    # Joining a running batch at different steps: its decoder cache and its inputs are
-    # longer or shorter than the newcomer's, and rows leave in between.
-    joins: dict[int, list[tuple[int, TaskItem]]] = {}
-    for index, entry in enumerate(items):
-        joins.setdefault((index * 5) % 17, []).append((index, entry))
-    joined = run(model.decode_batch(), joins)
-    assert [joined[i] for i in range(16)] == expected
+    check_company_free(model.decode_batch, items, expected)
 
 
 def test_the_task_prefix_applies_as_on_the_whole_batch_doors(t5: Seq2SeqGenerator) -> None:

@@ -30,6 +30,7 @@ from .engines.selection import EngineJob, select_engine
 from .items import EMBEDDING_KEY, EmbedItem, SparseVector
 from .protocol import warmup_batches
 from .splade import SpladeLayout, read_layout
+from .texts import LazyCounter
 
 __all__ = ["SparseEmbedder"]
 
@@ -65,31 +66,24 @@ class SparseEmbedder:
         self._config: dict[str, Any] = read_json(self._folder / "config.json")
         vocab = self._config.get("vocab_size")
         self.vocab_size: int = vocab if isinstance(vocab, int) else -1
-        self._max_seq_length: int | None = self.layout.max_seq_length
         self.engine = engine or EngineOptions(engine="torch", precision="fp32")
         self._device = torch.device("cpu")
         self._plan: EnginePlan | None = None
         self._tokenizer: Any = None
-        self._counter: TokenCounter | None = None
+        self._counting = LazyCounter(self._folder, self.layout.max_seq_length)
 
     @property
     def max_seq_length(self) -> int:
-        if self._max_seq_length is None:
-            self._max_seq_length = self._token_counter().max_length
-        return self._max_seq_length
+        return self._counting.resolved_max_length()
 
     def _token_counter(self) -> TokenCounter:
-        # Lazily and lock-free, for the same reasons as SentenceEmbedder's counter.
-        counter = self._counter
-        if counter is None:
-            counter = self._counter = TokenCounter(self._folder, self._max_seq_length)
-        return counter
+        return self._counting.counter()
 
     def load(self, device: str) -> None:
         self._device = resolve_device(device)
         self._tokenizer = transformers.AutoTokenizer.from_pretrained(str(self._folder))
-        if self._max_seq_length is None:
-            self._max_seq_length = max_length_of(self._tokenizer, self._config)
+        if self._counting.max_length is None:
+            self._counting.max_length = max_length_of(self._tokenizer, self._config)
         self._plan = select_engine(
             EngineJob(
                 options=self.engine,

@@ -147,6 +147,32 @@ class TokenCounter:
         return len(encoded["input_ids"])
 
 
+class LazyCounter:
+    """A model's :class:`TokenCounter`, built the first time it is asked for, and its max
+    length: the model's own once it knows it, else the counter's.
+
+    Lock-free: two threads that race build two equal counters and one is kept (the event loop
+    may count before the instance has loaded).
+    """
+
+    def __init__(self, path: Path, max_length: int | None) -> None:
+        self.path = path
+        #: The model's max length; None until it is known (then the counter's is used).
+        self.max_length = max_length
+        self._counter: TokenCounter | None = None
+
+    def counter(self) -> TokenCounter:
+        counter = self._counter
+        if counter is None:
+            counter = self._counter = TokenCounter(self.path, self.max_length)
+        return counter
+
+    def resolved_max_length(self) -> int:
+        if self.max_length is None:
+            self.max_length = self.counter().max_length
+        return self.max_length
+
+
 def calibration_texts(words: int, prefix: str = "") -> list[str]:
     """Texts of spread lengths (1 word up to ``words``), for the engines' accuracy check:
     padding, short and full-length inputs all take part."""

@@ -44,6 +44,7 @@ from .nli import (
 )
 from .parameters import PARAMETERS_KEY, InvalidParameter, TaskItem
 from .protocol import EXPANDS_KEY, warmup_batches
+from .texts import LazyCounter
 
 __all__ = ["ZeroShotModel"]
 
@@ -80,21 +81,14 @@ class ZeroShotModel:
         self._device = torch.device("cpu")
         self._plan: EnginePlan | None = None
         self._tokenizer: Any = None
-        self._max_length: int | None = None
-        self._counter: TokenCounter | None = None
+        self._counting = LazyCounter(self.path, None)
 
     @property
     def max_seq_length(self) -> int:
-        if self._max_length is None:
-            self._max_length = self._token_counter().max_length
-        return self._max_length
+        return self._counting.resolved_max_length()
 
     def _token_counter(self) -> TokenCounter:
-        # Lazily and lock-free, for the same reasons as SentenceEmbedder's counter.
-        counter = self._counter
-        if counter is None:
-            counter = self._counter = TokenCounter(self.path, self._max_length)
-        return counter
+        return self._counting.counter()
 
     def load(self, device: str) -> None:
         self._device = resolve_device(device)
@@ -102,7 +96,7 @@ class ZeroShotModel:
         if self._tokenizer.pad_token is None:
             # As the pipeline does: pairs of a batch are padded to the longest.
             self._tokenizer.pad_token = self._tokenizer.eos_token
-        self._max_length = max_length_of(self._tokenizer, self._config)
+        self._counting.max_length = max_length_of(self._tokenizer, self._config)
         self._plan = select_engine(
             EngineJob(
                 options=self.engine,

@@ -71,3 +71,19 @@ def check_stop_string(make: Callable[[], Any], prompt: str, shortest: int) -> No
         pieces.extend(batch.step())
     assert "".join(piece.text for piece in pieces) == whole[: whole.find(stop)]
     assert pieces[-1].finish == "stop"
+
+
+def check_company_free(make: Callable[[], Any], items: Sequence[TaskItem], expected: Any) -> None:
+    """Each item's greedy tokens are ``expected[i]`` alone, in a burst of all of them joining
+    at once, and joining a running batch at different steps (its cache longer or shorter than
+    the newcomer's, rows leaving in between)."""
+    for index in (0, 3, 9):
+        alone = run(make(), {0: [(index, items[index])]})
+        assert alone[index] == expected[index]
+    burst = run(make(), {0: list(enumerate(items))})
+    assert [burst[i] for i in range(len(items))] == list(expected)
+    joins: dict[int, list[tuple[int, TaskItem]]] = {}
+    for index, entry in enumerate(items):
+        joins.setdefault((index * 5) % 17, []).append((index, entry))
+    joined = run(make(), joins)
+    assert [joined[i] for i in range(len(items))] == list(expected)

@@ -85,7 +85,7 @@ def _child() -> int:
 
 def _exit(status: int) -> None:
     """Leave without the interpreter's teardown: freeing torch's, transformers' and the
-    engines' objects one by one took 1.3-2.2 s of a fresh start on 2 cores, and the work's
+    engines' objects one by one took seconds of a fresh start on 2 cores, and the work's
     results are files in the engine cache, written and closed by then."""
     logging.shutdown()
     sys.stdout.flush()
