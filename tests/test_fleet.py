@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.fleet import RUN_SH, Fleet
+from tests.support.fleet import RUN_SH, Fleet, checked_status
 from tests.support.metrics import sample
 from tests.support.tls import make_pki
 
@@ -29,6 +29,16 @@ ENV = {"COST_MODEL_A_MS": "5", "COST_MODEL_B_MS": "0.5"}
 def served_by(url: str) -> float:
     metrics = httpx.get(f"{url}/metrics", timeout=5).text
     return sample(metrics, "batching_requests_total", 0.0, model="CostModel", code="200")
+
+
+def test_a_server_haproxy_lists_as_up_before_any_check_passed_is_not_ready() -> None:
+    # HAProxy lists a server UP from its start, before its first check: a fleet waiting for
+    # UP must not take that for a replica that answers.
+    assert checked_status({"status": "UP", "check_status": "INI"}) == "UNCHECKED (UP)"
+    assert checked_status({"status": "UP", "check_status": ""}) == "UNCHECKED (UP)"
+    assert checked_status({"status": "UP", "check_status": "L7OK"}) == "UP"
+    assert checked_status({"status": "UP", "check_status": "* L7OK"}) == "UP"
+    assert checked_status({"status": "DOWN", "check_status": "L4CON"}) == "DOWN"
 
 
 def test_sigkill_of_one_replica_under_steady_load_fails_no_request_and_it_comes_back(

@@ -70,6 +70,15 @@ def haproxy_stat(socket_path: Path) -> dict[str, dict[str, str]]:
     return rows
 
 
+def checked_status(row: dict[str, str]) -> str:
+    """A server's status, UP only once a health check passed (``check_status`` L7OK, or
+    ``* L7OK`` while the next check runs)."""
+    status = row["status"]
+    if status.startswith("UP") and not row.get("check_status", "").lstrip("* ").startswith("L7OK"):
+        return f"UNCHECKED ({status})"
+    return status
+
+
 class Fleet:
     """``with Fleet(2, server_flags, run_dir) as fleet:`` runs ``run.sh`` until the block ends.
 
@@ -130,11 +139,16 @@ class Fleet:
         return "\n".join(parts)
 
     def status(self) -> dict[str, str]:
-        """Server name (r1, r2, ...) -> HAProxy's status of it (UP, DOWN, ...)."""
+        """Server name (r1, r2, ...) -> HAProxy's status of it (UP, DOWN, ...).
+
+        HAProxy lists a server as UP from its start, before its first health check has run;
+        such a server shows as ``UNCHECKED (UP)`` here, so that waiting for UP waits for a
+        check that passed (a replica still loading would refuse the first request)."""
         try:
-            return {name: row["status"] for name, row in haproxy_stat(self.stats_socket).items()}
+            rows = haproxy_stat(self.stats_socket)
         except OSError:
             return {}
+        return {name: checked_status(row) for name, row in rows.items()}
 
     def wait_until(self, wanted: dict[str, str], timeout: float) -> None:
         """Poll HAProxy until the servers named in ``wanted`` have those statuses."""
