@@ -256,15 +256,6 @@ class DataPlane:
         under). ``model`` is "" when the request was refused before its model was known."""
         self.metrics.rejected.labels(model, reason).inc()
 
-    def admit(self, deployment: Deployment, count: int, deadline: float) -> None:
-        """Refuse now a request of ``count`` items that the batcher would refuse (overloaded,
-        not ready, too many items), before a door spends work on it (its tokens counted);
-        one that passes is checked again when it is queued.
-
-        :raises BatchingError: as :meth:`infer` would, at admission.
-        """
-        deployment.batcher.admit(count, deadline=deadline)
-
     async def count_tokens(
         self,
         deployment: Deployment,
@@ -272,17 +263,25 @@ class DataPlane:
         *,
         limit: int | None = None,
         request_id: str = "",
+        deadline: float | None = None,
     ) -> TokenCounts:
         """Count the tokens of ``inputs`` with the model's own tokenizer, whether or not it is
         batched by tokens: for usage reports, and with ``limit`` for request limits (each
         input's length before truncation, counted no further than ``limit``).
 
+        :param deadline: the request's, when it is to be queued next: a request the batcher
+            would refuse now (overloaded, not ready, too many items) is refused before its
+            tokens are counted, so that a storm of refused requests costs the loop little
+            (one that passes is checked again when it is queued).
         :raises UnprocessableInput: the model cannot tokenise an input.
+        :raises BatchingError: with ``deadline``, as :meth:`infer` would at admission.
         """
         hooks = await deployment.counting_hooks()
         count, length = hooks.count_tokens, hooks.token_length
         if count is None:
             return TokenCounts(None, None)
+        if deadline is not None:
+            deployment.batcher.admit(len(inputs), deadline=deadline)
 
         def counted() -> TokenCounts:
             assert count is not None

@@ -120,6 +120,7 @@ async def open_stream(
             "text-generation, summarization, translation or text2text-generation model on "
             "thread instances does)"
         )
+    decoder.admit()  # a stream refused whatever its length costs no counting
     counts = await plane.count_tokens(deployment, [item], request_id=request_id)
     tokens = counts.used[0] if counts.used else 1
     try:

@@ -53,8 +53,10 @@ def start_once(
         machine_after = psutil.cpu_times()
         assert server.pid is not None
         tree = psutil.Process(server.pid)
+        # The server's own CPU time: its processes', and that of the children it has reaped
+        # (the process that exported and timed the engines exits before the server is ready).
         own = sum(
-            p.cpu_times().user + p.cpu_times().system
+            sum(p.cpu_times()[:4])  # user, system, children_user, children_system
             for p in [tree, *tree.children(recursive=True)]
             if p.is_running()
         )
@@ -70,7 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=3, help="rounds (3)")
     parser.add_argument("--no-fresh", action="store_true", help="only cached starts")
-    parser.add_argument("--cache-dir", type=Path, help="the engine cache (default: a temp dir)")
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="the engine cache (default: a temp dir); fresh starts take a folder per round in it",
+    )
     parser.add_argument("--settle", type=float, default=2.0, help="idle seconds before the RSS")
     parser.add_argument(
         "--server-arg", action="append", default=[], metavar="ARG", help="server flag"
@@ -88,10 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="engines-") as temporary:
 
         def cache_of(name: str, round_: int) -> Path:
-            if args.cache_dir is not None:
-                return Path(args.cache_dir) / name if len(roots) > 1 else Path(args.cache_dir)
+            base = Path(args.cache_dir or temporary)
+            if args.cache_dir is None or len(roots) > 1:
+                base = base / name
             # Fresh starts get an empty cache each round; cached-only runs share one.
-            return Path(temporary) / name / (str(round_) if not args.no_fresh else "shared")
+            return base if args.no_fresh else base / f"round-{round_ + 1}"
 
         for round_ in range(args.rounds):
             for name, root in roots if round_ % 2 == 0 else roots[::-1]:

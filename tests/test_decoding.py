@@ -93,11 +93,31 @@ def test_newcomers_prefilled_together_get_the_tokens_they_get_alone(
 def test_a_newcomer_that_fails_fails_alone_in_a_shared_prefill(generator: TextGenerator) -> None:
     batch = generator.decode_batch()
     too_long = TaskItem(" ".join(PROMPTS * 4), (("max_new_tokens", 4), ("truncate", False)))
-    outcomes = batch.join_items([(0, item(PROMPTS[0], 4)), (1, too_long), (2, 42)])
+    outcomes = batch.join_items(
+        [(0, item(PROMPTS[0], 4)), (1, too_long), (2, 42), (3, item(PROMPTS[1], 4))]
+    )
     assert not isinstance(outcomes[0], BaseException) and outcomes[0].key == 0
     assert isinstance(outcomes[1], PayloadTooLarge)
     assert isinstance(outcomes[2], UnprocessableInput)
-    assert len(batch) == 1
+    assert not isinstance(outcomes[3], BaseException) and outcomes[3].key == 3
+    assert len(batch) == 2
+
+
+def test_a_shared_prefill_that_raises_joins_each_newcomer_alone(
+    generator: TextGenerator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batch = generator.decode_batch()
+    together = batch.join_many
+
+    def refuse_groups(prompts: Any) -> Any:
+        if len(prompts) > 1:
+            raise RuntimeError("the shared prefill broke")
+        return together(prompts)
+
+    monkeypatch.setattr(batch, "join_many", refuse_groups)
+    outcomes = batch.join_items([(0, item(PROMPTS[0], 4)), (1, item(PROMPTS[1], 4))])
+    assert [getattr(outcome, "key", outcome) for outcome in outcomes] == [0, 1]
+    assert len(batch) == 2
 
 
 def test_rows_that_leave_free_their_cache(generator: TextGenerator) -> None:

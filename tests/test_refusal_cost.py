@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from batching.config import BatchingConfig, ModelConfig
+from batching.core.batcher import Batcher
 from tests.support.asgi import app_with, serving
 from tests.support.embedder import OptionEmbedder
 
@@ -24,20 +25,13 @@ class GatedCountingEmbedder(OptionEmbedder):
         self.gate = threading.Event()
         self.entered = threading.Event()
         self.counted = 0
-        #: Set once two texts have been counted (each is counted twice: used and length).
-        self.two_counted = threading.Event()
-
-    def _count(self) -> None:
-        self.counted += 1
-        if self.counted >= 2 * 2:
-            self.two_counted.set()
 
     def count_tokens(self, item: Any) -> int:
-        self._count()
+        self.counted += 1
         return super().count_tokens(item)
 
     def token_length(self, item: Any, limit: int) -> int:
-        self._count()
+        self.counted += 1
         return super().token_length(item, limit)
 
     def predict(self, inputs: list[Any]) -> list[Any]:
@@ -47,14 +41,28 @@ class GatedCountingEmbedder(OptionEmbedder):
         return list(super().predict(inputs))
 
 
-async def test_a_refused_request_has_no_tokens_counted() -> None:
+async def test_a_refused_request_has_no_tokens_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The second request is known to be queued once the batcher took it (its submit returned).
+    submitted = 0
+    two_queued = asyncio.Event()
+    submit = Batcher.submit
+
+    def counted_submit(self: Batcher, *args: Any, **kwargs: Any) -> Any:
+        nonlocal submitted
+        future = submit(self, *args, **kwargs)
+        submitted += 1
+        if submitted == 2:
+            two_queued.set()
+        return future
+
+    monkeypatch.setattr(Batcher, "submit", counted_submit)
     model = GatedCountingEmbedder()
     config = ModelConfig(name="opts", batching=BatchingConfig(max_batch_size=1, max_queue_size=1))
     async with serving(app_with(model, config)) as client:
         running = asyncio.ensure_future(client.post("/models/opts", json={"inputs": ["a b"]}))
         await asyncio.to_thread(model.entered.wait, 30)
         queued = asyncio.ensure_future(client.post("/models/opts", json={"inputs": ["c d"]}))
-        assert await asyncio.to_thread(model.two_counted.wait, 30)  # the second is queued
+        await asyncio.wait_for(two_queued.wait(), 30)  # the second is queued
         before = model.counted
         refused = await client.post("/models/opts", json={"inputs": ["e f"]})
         assert refused.status_code == 503, refused.text

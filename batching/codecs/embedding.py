@@ -56,12 +56,13 @@ async def run_embedding(
     :raises TextTooLong: a text over the model's length, with ``truncate: false``.
     """
     counts = TokenCounts(None, None)
-    # A storm of refused requests must cost the loop as little as possible: refused before
-    # their tokens are counted (and again, as every request is, when queued).
-    plane.admit(deployment, len(plan.items), deadline)
     if plan.described or count or check_lengths is not None:
         counts = await plane.count_tokens(
-            deployment, list(plan.items), limit=plan.token_limit(at_least), request_id=request_id
+            deployment,
+            list(plan.items),
+            limit=plan.token_limit(at_least),
+            request_id=request_id,
+            deadline=deadline,
         )
     if check_lengths is not None and counts.lengths is not None:
         check_lengths(counts.lengths)

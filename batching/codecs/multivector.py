@@ -144,7 +144,7 @@ async def run_per_token(
     """
     items = list(plan.items)
     counts = await plane.count_tokens(
-        deployment, items, limit=plan.token_limit(), request_id=request_id
+        deployment, items, limit=plan.token_limit(), request_id=request_id, deadline=deadline
     )
     flags = truncated_flags(plan, counts.lengths)
     refused = refused_text(plan, flags)

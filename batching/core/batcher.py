@@ -103,9 +103,9 @@ class Batcher:
     # ----------------------------------------------------------------------- loop side: admit
 
     def admit(self, count: int, *, deadline: float) -> float:
-        """Whether a request of ``count`` items would be admitted now, as :meth:`submit`
-        decides it, without queueing anything: a door asks before work it would waste on a
-        refused request (counting its tokens). Returns the loop's time of the decision.
+        """Refuse a request of ``count`` items now if :meth:`submit` would, without queueing
+        anything: a door asks before work it would waste on a refused request (counting its
+        tokens). Returns the loop's time of the decision when it is admitted.
 
         :raises PayloadTooLarge: more items than one request may carry.
         :raises NotReady: no instance is ready, or the server is draining.

@@ -40,7 +40,7 @@ def rerank_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
             deadline = plane.deadline(deployment, timeout_of(request))
             items: list[Any] = pair_items(parsed)
             counts = await plane.count_tokens(
-                deployment, items, request_id=request_id_of(request.scope)
+                deployment, items, request_id=request_id_of(request.scope), deadline=deadline
             )
             outputs = await plane.infer(
                 deployment,

@@ -88,7 +88,10 @@ def sparse_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
             limit = max_length_of(metadata)
             truncate = deployment.config.truncate if parsed.truncate is None else parsed.truncate
             counts = await plane.count_tokens(
-                deployment, items, limit=None if truncate or limit is None else limit + 1
+                deployment,
+                items,
+                limit=None if truncate or limit is None else limit + 1,
+                deadline=deadline,
             )
             if counts.lengths is not None and limit is not None:
                 refuse_overlong(plane, deployment, counts.lengths, limit)

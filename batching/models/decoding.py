@@ -34,7 +34,6 @@ scheduler that decides who joins and leaves is :mod:`batching.runtime.decoding`.
 from __future__ import annotations
 
 import os
-import secrets
 import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
@@ -48,10 +47,9 @@ from .engines.contention import Contention
 from .engines.governor import ThreadGovernor, thread_choices
 from .engines.options import ADAPTIVE_THREADS_VARIABLE, thread_budget
 from .generator import Prompt
-from .picking import Sequence, Token, advance, pick
-from .picking import processors_of as _processors
+from .picking import Sequence, Token, advance, pick, sequence_of
 
-__all__ = ["DecodeBatch", "Sequence", "Token", "check_cache"]
+__all__ = ["DecodeBatch", "Sequence", "Token", "cache_layers", "check_cache"]
 
 
 class _Window:
@@ -282,15 +280,7 @@ class DecodeBatch:
         """Prefill ``prompts`` in one forward (left-padded to the longest, with an attention
         mask and position ids that count real tokens only: each row's cache and first token
         are what it would get alone), pick their first tokens and add their rows."""
-        sequences = [
-            Sequence(key, prompt, processors=_processors(prompt.settings))
-            for key, prompt in prompts
-        ]
-        for sequence in sequences:
-            settings, row = sequence.prompt.settings, sequence.prompt.row
-            if settings.do_sample:
-                seed = row.seed if row.seed is not None else secrets.randbits(63)
-                sequence.generator = torch.Generator(device=self.device).manual_seed(seed)
+        sequences = [sequence_of(key, prompt, self.device) for key, prompt in prompts]
         width = max(len(prompt.ids) for _, prompt in prompts)
         ids = [[self.pad] * (width - len(p.ids)) + p.ids for _, p in prompts]
         real = [[0] * (width - len(p.ids)) + [1] * len(p.ids) for _, p in prompts]
@@ -319,7 +309,7 @@ class DecodeBatch:
 
     def _append(self, sequences: list[Sequence], cache: DynamicCache, mask: torch.Tensor) -> None:
         window, width = self.window, int(mask.shape[1])
-        layers = _layers(cache)
+        layers = cache_layers(cache)
         if not self.rows:
             window.count, window.start, window.end = 0, 0, 0
         start = min(window.start, window.end - width)
@@ -430,7 +420,7 @@ class DecodeBatch:
         self.window.shrink()
 
 
-def _layers(cache: DynamicCache) -> list[DynamicLayer]:
+def cache_layers(cache: DynamicCache) -> list[DynamicLayer]:
     """The cache's layers, each a plain full-attention layer (:func:`check_cache`)."""
     return cast(list[DynamicLayer], cache.layers)
 

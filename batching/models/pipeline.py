@@ -18,7 +18,6 @@ from batching.errors import UnprocessableInput
 
 from ._torch import (
     WEIGHTS_LOADING,
-    TokenCounter,
     calibration_texts,
     encode,
     encode_and_run,
@@ -39,6 +38,7 @@ from .parameters import PARAMETERS_KEY, Param, TaskItem, group_by_parameters
 from .protocol import warmup_batches
 from .tasks.table import declared as declared_parameters
 from .tasks.table import resolve_task
+from .texts import LazyCounter
 
 __all__ = ["PipelineModel"]
 
@@ -136,7 +136,7 @@ class PipelineModel:
         self._tokenizer: Any = None
         self._device = torch.device("cpu")
         self._max_length = 512
-        self._counter: TokenCounter | None = None
+        self._counter = LazyCounter(self.path, None)
         config_path = self.path / "config.json"
         self._config: dict[str, Any] = read_json(config_path) if config_path.is_file() else {}
 
@@ -316,7 +316,7 @@ class PipelineModel:
         text = self._text_of(item)
         if text is None:
             return 1
-        return self._token_counter().count(*text)
+        return self._counter.counter().count(*text)
 
     def token_length(self, item: Any, limit: int) -> int:
         """Tokens a text input (or text pair) has before truncation, counted no further than
@@ -324,7 +324,7 @@ class PipelineModel:
         text = self._text_of(item)
         if text is None:
             return 1
-        return self._token_counter().length(text[0], limit, text[1])
+        return self._counter.counter().length(text[0], limit, text[1])
 
     def _text_of(self, item: Any) -> tuple[str, str | None] | None:
         if not self.is_text:
@@ -337,13 +337,6 @@ class PipelineModel:
             if pair is not None:
                 return pair
         return None
-
-    def _token_counter(self) -> TokenCounter:
-        # Lazily and lock-free, for the same reasons as SentenceEmbedder's counter.
-        counter = self._counter
-        if counter is None:
-            counter = self._counter = TokenCounter(self.path, None)
-        return counter
 
     def warmup_inputs(self, max_batch_size: int) -> list[list[Any]]:
         """A longest-length text at batch 1 and at the cap.
@@ -365,7 +358,7 @@ class PipelineModel:
     def _mask_token(self) -> str | None:
         """The token a fill-mask text must hold: the one whose word the model predicts."""
         tokenizer = getattr(self._pipeline, "tokenizer", None)
-        mask = getattr(tokenizer, "mask_token", None) or self._token_counter().mask_token
+        mask = getattr(tokenizer, "mask_token", None) or self._counter.counter().mask_token
         return str(mask) if mask else None
 
     def metadata(self) -> dict[str, Any]:

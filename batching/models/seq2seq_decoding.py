@@ -38,7 +38,6 @@ from typing import Any, cast
 import torch
 from torch import nn
 from transformers import DynamicCache, EncoderDecoderCache
-from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import (
     ForcedBOSTokenLogitsProcessor,
     ForcedEOSTokenLogitsProcessor,
@@ -50,6 +49,7 @@ from transformers.generation.logits_process import (
 )
 from transformers.modeling_outputs import BaseModelOutput
 
+from .decoding import cache_layers, check_cache
 from .generator import Prompt
 from .picking import Sequence, Token, advance, pick, sequence_of
 
@@ -327,7 +327,7 @@ class Seq2SeqDecodeBatch:
         first = int(used[0]) if len(used) else 0
         if first > 0:
             self.mask = self.mask[:, first:]
-            for layer in _layers(self.cache.self_attention_cache):
+            for layer in cache_layers(self.cache.self_attention_cache):
                 layer.keys = _cut(layer.keys, first, None)
                 layer.values = _cut(layer.values, first, None)
         # Input columns that are padding in every remaining row (on the right) likewise.
@@ -335,7 +335,7 @@ class Seq2SeqDecodeBatch:
         end = int(used[-1]) + 1 if len(used) else self.input_columns
         if end < self.input_columns:
             self.inputs, self.states = self.inputs[:, :end], self.states[:, :end]
-            for layer in _layers(self.cache.cross_attention_cache):
+            for layer in cache_layers(self.cache.cross_attention_cache):
                 layer.keys = _cut(layer.keys, 0, end)
                 layer.values = _cut(layer.values, 0, end)
 
@@ -349,12 +349,7 @@ def check_decoder(model: Any) -> nn.Embedding | None:
     config = model.config
     if not getattr(config, "is_encoder_decoder", False):
         raise NotImplementedError("it is not an encoder-decoder")
-    for layer in DynamicCache(config=config).layers:
-        if type(layer) is not DynamicLayer:
-            raise NotImplementedError(
-                f"its cache has {type(layer).__name__} layers; only full-attention layers "
-                "join a running batch"
-            )
+    check_cache(config)
     decoder = model.get_decoder()
     embedding = getattr(decoder, "embed_positions", None)
     if isinstance(embedding, nn.Embedding):
@@ -373,14 +368,9 @@ def _ids(value: Any) -> list[int]:
     return [value] if isinstance(value, int) else [int(v) for v in value]
 
 
-def _layers(cache: DynamicCache) -> list[DynamicLayer]:
-    """The cache's layers, each a plain key/value layer (:func:`check_decoder`)."""
-    return cast(list[DynamicLayer], cache.layers)
-
-
 def _pairs(mine: Any, theirs: Any) -> Iterator[tuple[Any, Any]]:
     """The layers of two caches side by side (both filled)."""
-    for one, other in zip(_layers(mine), _layers(theirs), strict=True):
+    for one, other in zip(cache_layers(mine), cache_layers(theirs), strict=True):
         assert one.keys is not None and other.keys is not None
         yield one, other
 

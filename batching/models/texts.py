@@ -152,7 +152,8 @@ class LazyCounter:
     length: the model's own once it knows it, else the counter's.
 
     Lock-free: two threads that race build two equal counters and one is kept (the event loop
-    may count before the instance has loaded).
+    may count before the instance has loaded); without a lock, the model stays picklable for
+    process instances.
     """
 
     def __init__(self, path: Path, max_length: int | None) -> None:

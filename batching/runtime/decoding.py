@@ -165,6 +165,19 @@ class Decoder:
 
     # -- admission --------------------------------------------------------------------------
 
+    def admit(self) -> int:
+        """Refuse now what :meth:`submit` would refuse whatever the request's tokens: a door
+        asks before it counts them. Returns the token budget.
+
+        :raises InvalidRequest: the model's cache cannot join a running batch.
+        :raises NotReady: no instance is serving (loading, or shutting down).
+        """
+        if self.unsupported is not None:
+            raise InvalidRequest(f"model {self.name!r} cannot stream: {self.unsupported}")
+        if self.draining or self.instances == 0 or self.budget is None:
+            raise NotReady(f"model {self.name!r} is not ready", retry_after=1.0)
+        return self.budget
+
     def submit(self, item: Any, tokens: int, deadline: float, request_id: str = "") -> Stream:
         """Accept ``item`` (it costs ``tokens``: prompt and ``max_new_tokens``) or refuse it.
 
@@ -173,16 +186,13 @@ class Decoder:
         :raises PayloadTooLarge: more tokens than the whole budget.
         :raises Overloaded: the budget is full now.
         """
-        if self.unsupported is not None:
-            raise InvalidRequest(f"model {self.name!r} cannot stream: {self.unsupported}")
-        if self.draining or self.instances == 0 or self.budget is None:
-            raise NotReady(f"model {self.name!r} is not ready", retry_after=1.0)
-        if tokens > self.budget:
+        budget = self.admit()
+        if tokens > budget:
             raise PayloadTooLarge(
                 f"this request needs {tokens} tokens (prompt and max_new_tokens); model "
-                f"{self.name!r} holds at most {self.budget} (--max-batch-tokens)"
+                f"{self.name!r} holds at most {budget} (--max-batch-tokens)"
             )
-        if self.reserved + tokens > self.budget:
+        if self.reserved + tokens > budget:
             raise Overloaded(
                 f"model {self.name!r} is generating as many tokens as it holds; retry shortly",
                 retry_after=max(1.0, self._step_s * 32),
