@@ -16,6 +16,7 @@ from batching.core.events import BatchEvents
 from batching.core.jobs import InstanceLost
 from batching.core.policy import BatchPolicy, FixedPolicy
 from batching.errors import NotReady
+from batching.models.loading import LOADING
 from batching.models.protocol import ModelHooks, hooks_of
 from batching.models.tasks.generation import streams
 
@@ -161,9 +162,10 @@ class Deployment:
         # and must not share the instances' tokenizers, which are busy on their threads.
         hooks = self._counting
         if hooks is None:
-            hooks = hooks_of(self._factory())
-            if hooks.count_tokens is not None:
-                hooks.count_tokens("")  # builds its tokenizer here, not on the event loop
+            with LOADING:  # it builds a model object and its tokenizer: as a load does
+                hooks = hooks_of(self._factory())
+                if hooks.count_tokens is not None:
+                    hooks.count_tokens("")  # builds its tokenizer here, not on the event loop
             self._counting = hooks
         return hooks
 
@@ -224,6 +226,9 @@ class Deployment:
                 # One instance loads at a time: N copies loading at once multiply the
                 # memory peak and gain nothing on a machine whose cores the load already uses.
                 async with self._loading:
+                    # Built before the model is ready, so that no request waits for it
+                    # behind another model's load (:data:`~batching.models.loading.LOADING`).
+                    await self.counting_hooks()
                     if self.config.batching.max_batch_tokens and self.count_tokens is None:
                         self.count_tokens = await asyncio.to_thread(self._token_counter)
                     started = time.perf_counter()

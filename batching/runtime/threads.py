@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from batching.core.jobs import InstanceLost, Outputs
+from batching.models.loading import LOADING
 from batching.models.protocol import Model
 
 from .base import InstanceBase, predict_timed
@@ -38,15 +39,16 @@ class ThreadInstance(InstanceBase):
         return await loop.run_in_executor(self._executor, self._load, max_batch_size)
 
     def _load(self, max_batch_size: int) -> InstanceInfo:
-        model = self._factory()
-        info = load_and_warm(
-            model,
-            self.device,
-            max_batch_size,
-            index=self.index,
-            warmup=self._warmup,
-            on_loaded=self.report_loaded,
-        )
+        with LOADING:  # one model loads at a time: the libraries' lazy imports race
+            model = self._factory()
+            info = load_and_warm(
+                model,
+                self.device,
+                max_batch_size,
+                index=self.index,
+                warmup=self._warmup,
+                on_loaded=self.report_loaded,
+            )
         self._model = model
         return info
 

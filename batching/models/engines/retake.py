@@ -13,6 +13,7 @@ import time
 import weakref
 from collections.abc import Callable
 
+from ..loading import LOADING
 from .decision import RetakeRule, others_cores
 from .measure import cpu_seconds
 from .plan import EnginePlan
@@ -64,18 +65,22 @@ class Retaker:
         if not self.rule.due(True, now, plan.last_batch_at, others):
             return True
         before = plan.decision
-        try:
-            fresh = self.remeasure()
-        except Exception as exc:
-            logger.warning("measuring the engines again failed: %s", exc)
-            fresh = None
-        if fresh is None:
-            self.rule.taken(still_busy=True)
-            return True
-        if [r.to_json() for r in fresh.decision.routes] == [r.to_json() for r in before.routes]:
-            plan.decision = fresh.decision  # the same runners: keep those already built
-        else:
-            plan.replace(fresh)
+        with LOADING:  # not beside a model's load: its imports, and its use of the cores
+            try:
+                fresh = self.remeasure()
+            except Exception as exc:
+                logger.warning("measuring the engines again failed: %s", exc)
+                fresh = None
+            if fresh is None:
+                self.rule.taken(still_busy=True)
+                return True
+            same = [r.to_json() for r in fresh.decision.routes] == [
+                r.to_json() for r in before.routes
+            ]
+            if same:
+                plan.decision = fresh.decision  # the same runners: keep those already built
+            else:
+                plan.replace(fresh)
         self.rule.taken(still_busy=fresh.decision.busy)
         logger.info(
             "engines measured again%s: %s",
