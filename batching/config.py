@@ -30,6 +30,9 @@ __all__ = [
 ]
 
 INSTANCE_KINDS = ("thread", "process")
+#: The highest ``cpu_share``: weights beyond it would make a model's share of two cores
+#: round to a whole machine anyway.
+MAX_CPU_SHARE = 1000.0
 #: The highest ``max_audio_seconds``: an hour (a batch of such audio would not fit anyway).
 MAX_AUDIO_SECONDS = 3600.0
 #: Where warm-up inputs come from: the model's own samples, zeros, random data or a file.
@@ -85,6 +88,10 @@ class ModelConfig:
     #: table): what a request that does not set one gets. Checked against the task's
     #: declaration at construction; stored checked, sorted by name.
     parameters: Parameters = ()
+    #: This model's weight when several models compute at once: its threads are the cores
+    #: times its share over the shares of the models busy then
+    #: (:mod:`batching.models.engines.cores`).
+    cpu_share: float = 1.0
     #: ``source`` and ``task`` parsed (at construction, once); pass one already parsed to
     #: skip the parse.
     spec: ModelSource | None = field(default=None, compare=False, repr=False)
@@ -137,6 +144,10 @@ class ModelConfig:
             raise ValueError(
                 f"max_audio_seconds must be above 0 and at most {MAX_AUDIO_SECONDS:g}, "
                 f"not {self.max_audio_seconds}"
+            )
+        if not 0 < self.cpu_share <= MAX_CPU_SHARE:
+            raise ValueError(
+                f"cpu_share must be above 0 and at most {MAX_CPU_SHARE:g}, not {self.cpu_share}"
             )
         if not self.name or "/" in self.name:
             raise ValueError(f"name: {self.name!r} must be non-empty and contain no '/'")

@@ -92,37 +92,49 @@ def test_bad_flags_exit_with_a_message_naming_them(
 
 
 @pytest.mark.parametrize(
-    ("devices", "cores", "asked", "threads"),
+    ("devices", "kinds", "cores", "asked", "threads"),
     [
-        ([("cpu",)], 2, "auto", 2),
-        ([("cpu", "cpu")], 2, "auto", 1),
-        ([("cpu", "cpu", "cpu")], 2, "auto", 1),
-        ([("cpu",), ("cpu",)], 8, "auto", 4),
-        ([("cuda:0", "cuda:1")], 8, "auto", 8),
-        ([("cpu", "cpu")], 2, "3", 3),
+        ([("cpu",)], ["thread"], 2, "auto", 2),
+        # Thread instances, of one model or several, share this process's cores batch by
+        # batch (batching.models.engines.cores): each may use them all.
+        ([("cpu", "cpu")], ["thread"], 2, "auto", 2),
+        ([("cpu", "cpu", "cpu")], ["thread"], 2, "auto", 2),
+        ([("cpu",), ("cpu",)], ["thread", "thread"], 8, "auto", 8),
+        # Each process instance has a team of its own: the cores are divided.
+        ([("cpu", "cpu")], ["process"], 2, "auto", 1),
+        ([("cpu", "cpu")], ["process"], 8, "auto", 4),
+        ([("cpu",), ("cpu", "cpu")], ["thread", "process"], 8, "auto", 2),
+        ([("cpu", "cpu", "cpu")], ["process"], 2, "auto", 1),
+        ([("cuda:0", "cuda:1")], ["thread"], 8, "auto", 8),
+        ([("cpu", "cpu")], ["thread"], 2, "3", 3),
     ],
 )
-def test_torch_threads_share_the_cores_among_instances(
-    devices: list[tuple[str, ...]], cores: int, asked: str, threads: int
+def test_torch_threads_share_the_cores_among_this_process_and_the_process_instances(
+    devices: list[tuple[str, ...]], kinds: list[str], cores: int, asked: str, threads: int
 ) -> None:
-    models = [ModelConfig(name=f"m{i}", devices=d) for i, d in enumerate(devices)]
+    models = [
+        ModelConfig(name=f"m{i}", devices=d, instance_kind=kind)
+        for i, (d, kind) in enumerate(zip(devices, kinds, strict=True))
+    ]
     assert torch_threads_for(models, cores, asked) == threads
 
 
 @pytest.mark.parametrize(
     ("argv", "environ", "cores", "threads"),
     [
-        # auto: the machine's cores shared among the instances.
-        (["--instances", "2"], {}, 8, 4),
-        (["--instances", "2"], {}, 2, 1),
-        (["--instances", "3"], {}, 8, 2),
+        # auto: the machine's cores, which thread instances share batch by batch, and
+        # process instances divide among them.
+        (["--instances", "2"], {}, 8, 8),
+        (["--instances", "2"], {}, 2, 2),
+        (["--instances", "3"], {}, 8, 8),
+        (["--instances", "2", "--instance-kind", "process"], {}, 8, 4),
         ([], {}, 6, 6),
         # An operator's OMP_NUM_THREADS wins over auto, even where auto would differ.
         (["--instances", "2"], {"OMP_NUM_THREADS": "3"}, 8, 3),
         (["--instances", "2"], {"OMP_NUM_THREADS": "3"}, 2, 3),
         # ... but not over an explicit --torch-threads, nor when it is not a number.
         (["--instances", "2", "--torch-threads", "5"], {"OMP_NUM_THREADS": "3"}, 8, 5),
-        (["--instances", "2"], {"OMP_NUM_THREADS": "many"}, 8, 4),
+        (["--instances", "2"], {"OMP_NUM_THREADS": "many"}, 8, 8),
     ],
 )
 def test_parse_settings_shares_the_machines_cores_unless_the_operator_chose(

@@ -216,3 +216,39 @@ def test_an_unmeasured_machine_does_not_hold_tries_back() -> None:
     run(governor, 100, {2: 0.5, 1: 1.0})
     picked = run(governor, 600, {2: 10.0, 1: 1.0})
     assert picked[1:].count(2) >= 2
+
+
+def test_a_batch_runs_on_no_more_threads_than_it_was_lent() -> None:
+    from batching.models.engines.cores import Cores
+    from batching.models.engines.decision import Decision, Route
+    from batching.models.engines.plan import EnginePlan
+
+    ran: list[int] = []
+
+    def build(name: str, count: int) -> object:
+        return lambda inputs: ran.append(count)
+
+    route = Route("torch", "fp32", 1, 32)
+    plan = EnginePlan(Decision((route,), "test"), {route.name: lambda inputs: "unused"})
+    plan.adapt_threads(ThreadGovernor((2, 1)), build)  # type: ignore[arg-type]
+    batch = {"input_ids": [[1, 2]], "attention_mask": [[1, 1]]}
+    pool = Cores(2)
+    pool.on_grant = lambda count: None
+    busy, other = pool.party("busy"), pool.party("other")
+    plan(batch)
+    assert ran == [2]  # no pool: the governor's choice
+    import batching.models.engines.plan as plan_module
+
+    saved = plan_module.CORES
+    plan_module.CORES = pool
+    try:
+        with other.take(2):
+            pass
+        with pool.take(busy, 2) as granted:  # the other model was busy just now: one core
+            assert granted == 1
+            plan(batch)
+    finally:
+        plan_module.CORES = saved
+    assert ran == [2, 1]
+    assert ThreadGovernor((8, 4, 1)).pick(4, at_most=5) == 4
+    assert ThreadGovernor((8, 4, 1)).pick(4, at_most=3) == 1

@@ -44,6 +44,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from .engines.contention import Contention
+from .engines.cores import CORES
 from .engines.governor import ThreadGovernor, thread_choices
 from .engines.options import ADAPTIVE_THREADS_VARIABLE, thread_budget
 from .generator import Prompt
@@ -177,7 +178,7 @@ class _Threads:
         """``forward()`` on the thread count ``governor`` picks for ``rows`` rows, timed."""
         if self.fixed:
             return forward()
-        threads = governor.pick(rows)
+        threads = governor.pick(rows, CORES.granted())
         before = torch.get_num_threads()
         if before != threads:
             torch.set_num_threads(threads)

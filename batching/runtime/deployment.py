@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,8 @@ from batching.core.events import BatchEvents
 from batching.core.jobs import InstanceLost
 from batching.core.policy import BatchPolicy, FixedPolicy
 from batching.errors import NotReady
+from batching.models.engines.cores import CORES
+from batching.models.engines.options import ADAPTIVE_THREADS_VARIABLE
 from batching.models.loading import LOADING
 from batching.models.protocol import ModelHooks, hooks_of
 from batching.models.tasks.generation import streams
@@ -79,7 +82,24 @@ def instance_factory_for(config: ModelConfig, index: int) -> InstanceFactory:
     warmup = WarmupPlan.of(config)
     if config.instance_kind == "process":
         return functools.partial(ProcessInstance, index=index, warmup=warmup)
-    return functools.partial(ThreadInstance, index=index, warmup=warmup)
+    cores = CORES.party(config.name, config.cpu_share)
+    fixed = os.environ.get(ADAPTIVE_THREADS_VARIABLE, "1") == "0"
+
+    def thread(factory: ModelFactory, device: str, name: str) -> ThreadInstance:
+        # On the CPU, each batch computes on the threads its model's share of this process's
+        # cores lends it (batching.models.engines.cores).
+        on_cpu = not device.startswith("cuda")
+        return ThreadInstance(
+            factory,
+            device,
+            name,
+            index=index,
+            warmup=warmup,
+            cores=cores if on_cpu else None,
+            fixed_threads=fixed,
+        )
+
+    return thread
 
 
 def make_policy(config: ModelConfig) -> BatchPolicy:

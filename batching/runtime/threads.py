@@ -11,11 +11,12 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from batching.core.jobs import InstanceLost, Outputs
+from batching.models.engines.cores import Party
 from batching.models.loading import LOADING
 from batching.models.protocol import Model
 
-from .base import InstanceBase, predict_timed
-from .warmup import InstanceInfo, load_and_warm
+from .base import InstanceBase, ModelFactory, predict_timed
+from .warmup import InstanceInfo, WarmupPlan, load_and_warm
 
 __all__ = ["ThreadInstance"]
 
@@ -33,6 +34,26 @@ class ThreadInstance(InstanceBase):
 
     #: The loaded model; None until :meth:`start` finished, and again once closed.
     _model: Model | None = None
+
+    def __init__(
+        self,
+        factory: ModelFactory,
+        device: str,
+        name: str,
+        *,
+        index: int = 0,
+        warmup: WarmupPlan | None = None,
+        cores: Party | None = None,
+        fixed_threads: bool = False,
+    ) -> None:
+        """:param cores: the model's handle on the process's cores (:mod:`batching.models.
+            cores`): each batch and decode step takes its threads from it. None: the model
+            computes on whatever threads it has (a GPU model, or a test's instance).
+        :param fixed_threads: the thread count was fixed (``--torch-threads N``): a batch
+            waits for all of its threads rather than run on fewer."""
+        super().__init__(factory, device, name, index=index, warmup=warmup)
+        self._cores = cores
+        self._fixed_threads = fixed_threads
 
     async def start(self, max_batch_size: int) -> InstanceInfo:
         loop = asyncio.get_running_loop()
@@ -57,7 +78,9 @@ class ThreadInstance(InstanceBase):
         if model is None:
             raise InstanceLost("the instance has no loaded model")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, predict_timed, model, inputs)
+        return await loop.run_in_executor(
+            self._executor, self._sharing, predict_timed, model, inputs
+        )
 
     async def call(self, function: Callable[[Any], T]) -> T:
         """``function(model)`` on the instance's thread (between its batches): how the
@@ -66,7 +89,16 @@ class ThreadInstance(InstanceBase):
         if model is None:
             raise InstanceLost("the instance has no loaded model")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, function, model)
+        return await loop.run_in_executor(self._executor, self._sharing, function, model)
+
+    def _sharing(self, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` on the threads the model's share of the cores lends it."""
+        cores = self._cores
+        if cores is None:
+            return function(*args)
+        wanted = cores.pool.count
+        with cores.take(wanted, at_least=wanted if self._fixed_threads else 1):
+            return function(*args)
 
     def close(self) -> None:
         self._model = None

@@ -82,11 +82,15 @@ class ServerSettings:
 
 
 def torch_threads_for(models: Sequence[ModelConfig], cores: int, asked: str) -> int:
-    """Threads per instance: the cores shared out among every instance of every model.
+    """Threads per instance: the cores shared out among this process and the process
+    instances.
 
     Each instance runs its own team of intra-op threads; more threads than cores make them
-    wait on each other at every barrier (measured here: 10-100x slower, not 2x), so by
-    default N instances on C cores get C // N threads each, at least one.
+    wait on each other at every barrier (measured here: 10-100x slower, not 2x). The thread
+    instances of every model share this process's cores batch by batch
+    (:mod:`batching.models.engines.cores`: the threads lent at once never exceed them), so they
+    count once; each process instance has a team of its own. By default C cores are divided
+    among those N parties, C // N threads each, at least one.
     """
     if asked != "auto":
         try:
@@ -96,8 +100,10 @@ def torch_threads_for(models: Sequence[ModelConfig], cores: int, asked: str) -> 
         if threads < 1:
             raise ValueError("--torch-threads must be >= 1")
         return threads
-    instances = sum(len(model.devices) for model in models if not _on_gpu(model))
-    return max(1, cores // max(1, instances))
+    on_cpu = [model for model in models if not _on_gpu(model)]
+    processes = sum(len(model.devices) for model in on_cpu if model.instance_kind == "process")
+    here = any(model.instance_kind != "process" for model in on_cpu)
+    return max(1, cores // max(1, processes + here))
 
 
 def _on_gpu(model: ModelConfig) -> bool:

@@ -45,6 +45,7 @@ OVERRIDE_KEYS = (
     "default_prompt_name",
     "default_prompt",
     "parameters",
+    "cpu_share",
 )
 
 

@@ -55,6 +55,7 @@ _TOP_KEYS = (
     "default_prompt_name",
     "default_prompt",
     "parameters",
+    "cpu_share",
 )
 
 
@@ -122,6 +123,7 @@ def model_from_table(
     max_audio_seconds = top.number("max_audio_seconds", base.max_audio_seconds, positive=True)
     prompt_name, prompt = _prompt(top, base)
     parameters = _parameters(top, task)
+    cpu_share = top.number("cpu_share", base.cpu_share, positive=True)
     top.finish(_TOP_KEYS)
     try:
         return ModelConfig(
@@ -145,6 +147,7 @@ def model_from_table(
             default_prompt_name=prompt_name,
             default_prompt=prompt,
             parameters=parameters,
+            cpu_share=cpu_share,
         )
     except ValueError as exc:  # cross-field rules the checks above do not cover
         raise RepositoryError(f"{file}: {path + ': ' if path else ''}{exc}") from exc

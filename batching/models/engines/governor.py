@@ -91,8 +91,15 @@ class ThreadGovernor:
     def adaptive(self) -> bool:
         return len(self.choices) > 1
 
-    def pick(self, items: int) -> int:
-        """The thread count for a batch of ``items`` items."""
+    def pick(self, items: int, at_most: int | None = None) -> int:
+        """The thread count for a batch of ``items`` items, no more than ``at_most`` (the
+        threads the batch was lent: :mod:`.cores`) where that is given."""
+        chosen = self._pick(items)
+        if at_most is None or chosen <= at_most:
+            return chosen
+        return max((count for count in self.choices if count <= at_most), default=1)
+
+    def _pick(self, items: int) -> int:
         bucket = self._bucket(items)
         if not self.adaptive:
             return bucket.current

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .cores import CORES
 from .decision import Decision
 from .governor import ThreadGovernor
 
@@ -115,7 +116,7 @@ class EnginePlan:
                     break
             governor = self.governor
             if governor is not None:
-                threads = governor.pick(size)
+                threads = governor.pick(size, CORES.granted())
                 runner = self._threaded_runner(index, threads)
         with self.running:
             try:
