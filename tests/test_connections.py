@@ -1,24 +1,28 @@
 """Bounded connections, with real sockets against a real uvicorn on 127.0.0.1: slowloris (half a
-request line, an idle socket, a slow body), idle keep-alive, the connection cap, and a 32 MiB
-POST that reads its 413."""
+request line, an idle socket, a slow body), idle keep-alive, the connection cap, a 32 MiB
+POST that reads its 413, and over TLS an early answer's clean close (a close_notify)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 import uvicorn
 
 from batching.http.connections import ConnectionLimits, protocol_class
+from batching.tls import CertificateFiles, TlsConfig
 from tests.support.asgi import app_with
 from tests.support.models import EchoModel
 from tests.support.servers import free_port
+from tests.support.tls import Pki, make_pki
 
 LIMITS = ConnectionLimits(
     header_timeout=0.5, body_timeout=0.5, keep_alive_timeout=0.5, max_connections=8, linger=3.0
@@ -26,8 +30,13 @@ LIMITS = ConnectionLimits(
 
 
 @contextlib.contextmanager
-def bounded_server(limits: ConnectionLimits = LIMITS) -> Iterator[tuple[str, int]]:
+def bounded_server(
+    limits: ConnectionLimits = LIMITS, *, tls: Pki | None = None, loop: str = "auto"
+) -> Iterator[tuple[str, int]]:
+    """uvicorn with ``limits`` as server.py runs it: over TLS with ``tls``'s server
+    certificate, on the event loop ``loop`` (uvicorn's name: auto, asyncio, uvloop)."""
     port = free_port()
+    files = None if tls is None else CertificateFiles(TlsConfig(str(tls.cert), str(tls.key)))
     config = uvicorn.Config(
         app_with(EchoModel()),
         host="127.0.0.1",
@@ -35,17 +44,22 @@ def bounded_server(limits: ConnectionLimits = LIMITS) -> Iterator[tuple[str, int
         lifespan="on",
         log_level="warning",
         http=protocol_class(limits),
+        loop=loop,
+        ssl_context_factory=None
+        if files is None
+        else lambda config, default: files.listening_context(),
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'http' if tls is None else 'https'}://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
         while not server.started:
             assert time.monotonic() < deadline and thread.is_alive(), "uvicorn never started"
             time.sleep(0.01)
-        with httpx.Client(base_url=url) as client:
+        verify = True if tls is None else tls.client_context()
+        with httpx.Client(base_url=url, verify=verify) as client:
             while client.get("/v2/health/ready").status_code != 200:
                 assert time.monotonic() < deadline, "never ready"
                 time.sleep(0.02)
@@ -158,6 +172,38 @@ def test_a_32_mib_post_reads_its_413_with_the_json_reason(close: bool) -> None:
         status, body = status_and_body(read_all(sock))
         assert status == 413
         assert "limit" in json.loads(body)["error"]
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_over_tls_an_early_answer_ends_in_a_close_notify_once_the_body_is_in(
+    loop: str, tmp_path: Path
+) -> None:
+    # A linger far longer than the socket's timeout: only the body's end can close in time.
+    limits = dataclasses.replace(LIMITS, linger=120.0)
+    pki = make_pki(tmp_path)
+    size = 2 << 20
+    head = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n"
+    with (
+        bounded_server(limits, tls=pki, loop=loop) as (_, port),
+        connect(port) as raw,
+        # A ragged end (no close_notify) raises SSLEOFError instead of reading as b"".
+        pki.client_context().wrap_socket(
+            raw, server_hostname="127.0.0.1", suppress_ragged_eofs=False
+        ) as sock,
+    ):
+        sock.sendall(head % size + b"x" * 65536)
+        answer = bytearray()
+        while b"}" not in answer:  # the 413's head and its JSON body, before the body's rest
+            piece = sock.recv(65536)
+            assert piece, bytes(answer)
+            answer += piece
+        status, body = status_and_body(bytes(answer))
+        assert status == 413 and b"connection: close" in answer.lower()
+        assert "limit" in json.loads(body)["error"]
+        # A client that ignores connection: close sends its next request on the same
+        # connection: it is not served; the connection ends cleanly instead.
+        sock.sendall(b"x" * (size - 65536) + b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_all(sock) == b""
 
 
 def test_a_connection_beyond_the_cap_gets_a_fast_503_and_the_open_ones_are_served() -> None:

@@ -14,12 +14,10 @@ import logging
 import os
 import re
 import shlex
-import signal
 import socket
 import ssl
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -36,11 +34,10 @@ from tritonclient.utils import InferenceServerException
 import batching.tls
 from batching.settings.cli import parse_settings
 from batching.tls import CertificateFiles, TlsConfig, TlsError, load_certificates
+from tests.support.server_process import MODEL, ROOT, ServerProcess
 from tests.support.servers import free_port
 from tests.support.tls import Pki, encrypted_key, make_pki, peer_fingerprint
 
-ROOT = Path(__file__).resolve().parent.parent
-MODEL = ["--model", "tests.support.models:VectorModel", "--name", "vectors"]
 TEXTS = ["ab", "c"]
 VECTORS = np.array([[2, 97, 1, -1], [1, 99, 1, -1]], dtype=np.float32)
 
@@ -388,91 +385,6 @@ def test_the_ca_bundle_is_what_grpc_verifies_client_certificates_with(pki: Pki) 
 
 
 # -- a real server.py ------------------------------------------------------------------------
-
-
-class ServerProcess:
-    """``python server.py`` with TLS on HTTP and gRPC; its log lines are collected as they come,
-    and :meth:`wait_for` waits on them (no sleeping)."""
-
-    def __init__(self, *flags: str) -> None:
-        self.port, self.grpc_port = free_port(), free_port()
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "server.py",
-                *MODEL,
-                "--port",
-                str(self.port),
-                "--grpc-port",
-                str(self.grpc_port),
-                "--shutdown-timeout-s",
-                "5",
-                *flags,
-            ],
-            cwd=ROOT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.lines: list[str] = []
-        self._changed = threading.Condition()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        try:
-            self.wait_for("ready: serving", 90)
-        except BaseException:
-            self.stop()
-            raise
-
-    def _read(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            with self._changed:
-                self.lines.append(line.rstrip("\n"))
-                self._changed.notify_all()
-        with self._changed:
-            self.lines.append("<exited>")
-            self._changed.notify_all()
-
-    def wait_for(self, text: str, timeout: float = 30) -> str:
-        def found() -> str | None:
-            if self.lines and self.lines[-1] == "<exited>":
-                raise AssertionError("server.py exited:\n" + "\n".join(self.lines[-20:]))
-            return next((line for line in self.lines if text in line), None)
-
-        with self._changed:
-            line = self._changed.wait_for(found, timeout)
-        assert line, f"never logged {text!r}:\n" + "\n".join(self.lines[-20:])
-        return line
-
-    def count(self, text: str) -> int:
-        with self._changed:
-            return sum(text in line for line in self.lines)
-
-    def sighup(self) -> None:
-        self.process.send_signal(signal.SIGHUP)
-
-    @property
-    def url(self) -> str:
-        return f"https://localhost:{self.port}"
-
-    @property
-    def grpc_target(self) -> str:
-        return f"localhost:{self.grpc_port}"
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-                raise
-        self._reader.join(10)
-        if self.process.stderr is not None:
-            self.process.stderr.close()
 
 
 def tls_flags(pki: Pki, client_cert: str) -> list[str]:

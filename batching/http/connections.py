@@ -14,11 +14,13 @@ subclass of uvicorn's httptools protocol that adds, per connection:
 - a **connection cap**: a connection beyond it is answered at once with a canned 503 and
   closed, without ever reaching the app, so the open connections (and file descriptors)
   stay bounded while the connections already open are served as usual;
-- a **lingering close**: when the answer is sent before the request's body has all arrived
-  (a 413 for a 32 MiB body, or any early error), the server half-closes its side, discards
-  what still arrives for up to :attr:`ConnectionLimits.linger` seconds and only then closes,
-  as nginx does. Closing at once would make the kernel answer the unread bytes with a reset,
-  and the client would lose the answer it had not read yet.
+- a **lingering close** (:mod:`batching.http.lingering`): an answer sent before the request
+  has all arrived (a 413 for a 32 MiB body, a 401, a 431, or any early error) says
+  ``connection: close``; the server half-closes where the transport can, discards what still
+  arrives until the request's body is all in, the client closes, or
+  :attr:`ConnectionLimits.linger` seconds have passed, and then closes (over TLS, with a
+  close_notify), as nginx does. Closing at once would make the kernel answer the unread bytes
+  with a reset, and the client would lose the answer it had not read yet.
 
 It also holds **early resends**. A refusal (503) leaves in the request's scope how long the
 queue needs before it could take that request (:func:`hold_resends`). When the same request
@@ -66,6 +68,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 from batching.errors import Unavailable
 
+from .lingering import Linger, LingeringTransport, adopt
 from .resends import RequestKey, Resends
 
 __all__ = ["HOLD_KEY", "PROBE_PATHS", "ConnectionLimits", "hold_resends", "protocol_class"]
@@ -103,7 +106,7 @@ class ConnectionLimits:
     keep_alive_timeout: float = 5.0
     #: Most open connections; beyond it a new one gets 503 and is closed. 0: no cap.
     max_connections: int = 4096
-    #: After answering before the body was read, how long to drain it before closing.
+    #: After answering before the request was all read, the longest to drain it before closing.
     linger: float = 5.0
     #: Most bytes of a request line and headers together; beyond it, 431. 0: no limit.
     max_header_bytes: int = 65536
@@ -162,53 +165,6 @@ class _Refused(Exception):
     """Raised from a parser callback to stop parsing a request that is refused."""
 
 
-#: An answer's head is held back for its body when it is at most this long.
-_COALESCED_HEAD = 16384
-
-
-class _LingeringTransport:
-    """What a request cycle writes its answer to: the connection's transport, except that
-
-    - ``close()`` asks the protocol, which lingers when the request's body is still arriving;
-    - the answer's head (status line and headers, uvicorn's first write) waits for the first
-      piece of body, or the end of the event loop's turn, and goes out with it in one write:
-      one system call instead of two, and an answer that a process killed between the two
-      cannot cut after its headers (a proxy could no longer send the request elsewhere).
-    """
-
-    def __init__(self, transport: asyncio.Transport, protocol: BoundedHttpProtocol) -> None:
-        self._transport = transport
-        self._protocol = protocol
-        self._head: bytes | None = None
-        self._wrote = False
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not self._wrote and self._head is None and len(data) <= _COALESCED_HEAD:
-            self._wrote = True
-            self._head = bytes(data)
-            self._protocol.loop.call_soon(self.flush)
-            return
-        self._wrote = True
-        head, self._head = self._head, None
-        self._transport.write(head + bytes(data) if head is not None else data)
-
-    def flush(self) -> None:
-        head, self._head = self._head, None
-        if head is not None and not self._transport.is_closing():
-            self._transport.write(head)
-
-    def write_eof(self) -> None:
-        self.flush()
-        self._transport.write_eof()
-
-    def close(self) -> None:
-        self.flush()
-        self._protocol.close_after_answer()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
 class BoundedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with :class:`ConnectionLimits`; see the module's text."""
 
@@ -224,7 +180,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self.timeout_keep_alive = self.limits.keep_alive_timeout  # type: ignore[assignment]
         self._header_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
-        self._linger_timer: asyncio.TimerHandle | None = None
+        #: The lingering close under way, once an answer was sent early.
+        self._lingering: Linger | None = None
         #: Refused (over the cap) or answered early: what arrives now is discarded.
         self._discarding = False
         # Early resends: the body's CRC so far, the last complete request's key (with its
@@ -284,29 +241,28 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        timers = (
-            self._header_timer,
-            self._body_timer,
-            self._linger_timer,
-            self._hold_timer,
-            self._deadline_timer,
-        )
+        timers = (self._header_timer, self._body_timer, self._hold_timer, self._deadline_timer)
         for timer in timers:
             if timer is not None:
                 timer.cancel()
-        self._header_timer = self._body_timer = self._linger_timer = self._hold_timer = None
-        self._deadline_timer = None
+        self._header_timer = self._body_timer = self._hold_timer = self._deadline_timer = None
+        if self._lingering is not None:
+            self._lingering.cancel()
         self._deferred = None
         self.reserve.pop(self, None)
         super().connection_lost(exc)
 
     def eof_received(self) -> bool | None:  # type: ignore[override]
-        if self._discarding:
+        if self._lingering is not None:
+            self._lingering.end()
+        elif self._discarding:
             self.transport.close()
         return None
 
     def data_received(self, data: bytes) -> None:
         if self._discarding:
+            if self._lingering is not None:
+                self._lingering.discard(data)
             return
         if self._header_timer is None and (self.cycle is None or self.cycle.response_complete):
             self._arm_header_timer()
@@ -395,8 +351,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._body_started = self.loop.time()
         super().on_headers_complete()
         cycle = self.cycle
-        if cycle is not None and not isinstance(cycle.transport, _LingeringTransport):
-            cycle.transport = cast(asyncio.Transport, _LingeringTransport(self.transport, self))
+        if cycle is not None:
+            adopt(cycle, self.transport, self)
         if self._probe_only and cycle is not None:
             cycle.keep_alive = False  # one probe per reserved connection
 
@@ -468,7 +424,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         cycle = self.cycle
-        if cycle is not None and isinstance(cycle.transport, _LingeringTransport):
+        if cycle is not None and isinstance(cycle.transport, LingeringTransport):
             cycle.transport.flush()
         last = self._last_request
         if cycle is not None and last is not None and last[0] is cycle:
@@ -476,19 +432,20 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             if isinstance(hold, float | int) and hold > 0:
                 now = self.loop.time()
                 self.resends.refused(self._client_host(), last[1], now + hold, now)
-        if cycle is not None and cycle.more_body and not self.transport.is_closing():
-            # Answered before the body was all in (413, or any early error): the rest of the
-            # body is not worth parsing, and the connection is not worth keeping.
+        if self._discarding:
+            # Answered before the body was all in (413, or any early error): the answer said
+            # connection: close and the connection lingers (close_after_answer); the rest of
+            # the body is not worth parsing, and nothing is kept alive.
             self.server_state.total_requests += 1
-            self._linger(self.limits.linger)
             return
         super().on_response_complete()
 
     # ------------------------------------------------------------------------ closing
 
     def close_after_answer(self) -> None:
-        """The answer was sent on a connection that must close (the client asked, or
-        HTTP/1.0): linger if the request's body is still arriving, else close now."""
+        """The answer was sent on a connection that must close (the client asked, HTTP/1.0,
+        or an answer begun before the body was all in): linger if the request's body is
+        still arriving, else close now."""
         cycle = self.cycle
         if cycle is not None and cycle.more_body and not self.transport.is_closing():
             self._linger(self.limits.linger)
@@ -508,10 +465,16 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         flow: Any = self.flow
         if flow is not None:
             flow.resume_reading()
-        if self.transport.can_write_eof():
-            # The answer, then FIN: the client reads it all, then sees the end.
-            self.transport.write_eof()
-        self._linger_timer = self.loop.call_later(seconds, self.transport.close)
+        self._lingering = Linger(self.loop, self.transport, seconds, self._unread_body())
+
+    def _unread_body(self) -> int | None:
+        """How many bytes of the request's body are still to come, if its head is complete
+        and announced its length; None if unknown."""
+        cycle = self.cycle
+        if cycle is None or self._in_head or not cycle.more_body:
+            return None
+        length = _content_length(cycle.scope)
+        return None if length is None else length - self._body_length
 
     def _arm_header_timer(self) -> None:
         timeout = self.limits.header_timeout
@@ -554,15 +517,21 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def _holdable(scope: Any) -> bool:
-    """Whether a request's body is announced and small enough to be read whole while held."""
+def _content_length(scope: Any) -> int | None:
+    """The body's length a request announced (``Content-Length``), if it did."""
     for name, value in scope["headers"]:
         if name.lower() == b"content-length":
             try:
-                return int(value) <= HOLDABLE_BODY
+                return int(value)
             except ValueError:
-                return False
-    return False
+                return None
+    return None
+
+
+def _holdable(scope: Any) -> bool:
+    """Whether a request's body is announced and small enough to be read whole while held."""
+    length = _content_length(scope)
+    return length is not None and length <= HOLDABLE_BODY
 
 
 def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
