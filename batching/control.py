@@ -412,16 +412,18 @@ class ModelControl:
             self.options.on_released()
 
 
-def model_states(deployments: Deployments) -> list[dict[str, str]]:
+def model_states(deployments: Deployments) -> list[dict[str, Any]]:
     """Every model and version the server knows of, with its state and, when it is not
     ready, why: the served ones (READY; LOADING until warm or while an instance restarts;
     UNAVAILABLE when their load failed), then the others (loading beside a served version,
-    unloading, unloaded, failed at run time)."""
-    states = []
+    unloading, unloaded, failed at run time). A ready model also says the resident memory its
+    instances' loads added (``memory_mb``)."""
+    states: list[dict[str, Any]] = []
     for deployment in deployments:
-        entry = {"name": deployment.name, "version": deployment.config.version}
+        entry: dict[str, Any] = {"name": deployment.name, "version": deployment.config.version}
         if deployment.ready:
             entry["state"] = "READY"
+            entry["memory_mb"] = round(sum(deployment.memory_bytes.values()) / 2**20, 1)
         elif deployment.load_error_class:
             # Never the load error's text, which may hold paths: its class, and where to look.
             entry["state"] = "UNAVAILABLE"

@@ -178,6 +178,13 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.memory = Gauge(
+            "batching_model_memory_bytes",
+            "Resident memory each model's ready instances added as they loaded and warmed up "
+            "(loads run one at a time; a copy sharing another's engine adds only its own).",
+            ["model"],
+            registry=r,
+        )
         self.warmup = Gauge(
             "batching_warmup_seconds",
             "Warm-up time of the most recently started instance.",
@@ -230,6 +237,7 @@ class Metrics:
             self.generation_reserved.labels(name).set(decoder.reserved)
         if deployment.warmup_s:
             self.warmup.labels(deployment.name).set(deployment.warmup_s[-1])
+        self.memory.labels(name).set(sum(deployment.memory_bytes.values()))
         engine = deployment.metadata.get("engine")
         if isinstance(engine, dict):
             for route in engine.get("routes", []):

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from batching.models.engines.cores import RECENT_S, Cores, Party
+from batching.models.engines.cores import PATIENCE_S, RECENT_S, Cores, Party
 
 
 class Clock:
@@ -133,3 +133,16 @@ def test_a_grant_sets_the_computing_threads_count(pool: Cores) -> None:
 def test_a_share_must_be_positive(pool: Cores) -> None:
     with pytest.raises(ValueError, match="above 0"):
         pool.party("m", 0.0)
+
+
+def test_a_stuck_computation_does_not_hold_the_others_for_longer_than_the_patience(
+    pool: Cores,
+) -> None:
+    stuck, other = pool.party("stuck"), pool.party("other")
+    grants: list[int] = []
+    with stuck.take(2):
+        thread = threading.Thread(target=lambda: grants.append(_take(other, 2)))
+        thread.start()
+        thread.join(PATIENCE_S * 20)
+        assert grants == [1]  # it ran beside the stuck one, on one thread
+    assert pool.lent == 0

@@ -328,7 +328,7 @@ def statistics(deployments: Iterable[Deployment]) -> dict[str, Any]:
     return {"model_stats": [model_statistics(deployment) for deployment in deployments]}
 
 
-def repository_index(deployments: Deployments) -> list[dict[str, str]]:
+def repository_index(deployments: Deployments) -> list[dict[str, Any]]:
     """``POST /v2/repository/index``: every model and version, its state, and why it is not
     ready (:func:`batching.control.model_states`)."""
     return model_states(deployments)

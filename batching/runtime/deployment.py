@@ -154,6 +154,8 @@ class Deployment:
         #: (its text may hold paths; it goes to the log and the start-up error line).
         self.load_error_class: str | None = None
         self.warmup_s: list[float] = []
+        #: Resident memory each ready instance's load added, by instance index (bytes).
+        self.memory_bytes: dict[int, int] = {}
         self._factory = factory
         self._instance_factory: InstanceFactory | None = instance_factory
         self._on_ready = on_ready
@@ -274,6 +276,7 @@ class Deployment:
             self.metadata = self.metadata or info.metadata
             self.platform = info.platform
             self.warmup_s.append(info.warmup_s)
+            self.memory_bytes[index] = info.memory_bytes
             logger.info(
                 "model %s instance %d warm in %.1f s, ready on %s (%s): load %.2fs, "
                 "warm-up %.2fs (%d batches)",

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from itertools import cycle, islice
 from typing import Any
 
+import psutil
+
 from batching.config import ModelConfig
 from batching.models.parameters import (
     InvalidParameter,
@@ -30,6 +32,7 @@ __all__ = [
     "WarmupPlan",
     "load_and_warm",
     "platform_of",
+    "resident_bytes",
     "warmup_inputs_for",
 ]
 
@@ -52,6 +55,11 @@ class InstanceInfo:
     metadata: dict[str, Any]
     #: What runs the model, as the v2 metadata's ``platform`` says (:func:`platform_of`).
     platform: str = "python"
+    #: Resident memory the load and warm-up added (bytes; 0 where it cannot be read). Loads
+    #: are one at a time (:data:`~batching.models.loading.LOADING`), so what grew is this
+    #: model's: its weights, engines and buffers (less what it shares with a copy loaded
+    #: before it, :mod:`batching.models.engines.shared`).
+    memory_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +259,7 @@ def load_and_warm(
     """
     plan = warmup or WarmupPlan()
     started = time.perf_counter()
+    resident = resident_bytes()
     load_model(model, device, index)
     # Loading may have built and dropped much (an engine choice measures several variants
     # and keeps one): free it now and hand the heap's free pages back to the kernel.
@@ -293,9 +302,23 @@ def load_and_warm(
     warmed = time.perf_counter()
     describe = hooks_of(model).metadata
     metadata = dict(describe()) if describe is not None else {}
+    grown = resident_bytes() - resident if resident else 0
     return InstanceInfo(
-        loaded - started, warmed - loaded, len(batches), metadata, platform_of(model, metadata)
+        loaded - started,
+        warmed - loaded,
+        len(batches),
+        metadata,
+        platform_of(model, metadata),
+        memory_bytes=max(0, grown),
     )
+
+
+def resident_bytes() -> int:
+    """This process's resident memory in bytes (0 where it cannot be read)."""
+    try:
+        return int(psutil.Process().memory_info().rss)
+    except (psutil.Error, OSError):
+        return 0
 
 
 _Expand = tuple[Callable[[Any], list[Any]], Callable[[Any, list[Any]], Any]]

@@ -17,7 +17,8 @@ model's share is split again among its own computations at that moment (two inst
 both busy, get half of it each). A model
 counts as busy while it computes or waits, and for :data:`RECENT_S` after (between two of its
 batches, so the share does not flap). Models wait in turn for cores that are not free: first
-come, first served.
+come, first served, and none longer than :data:`PATIENCE_S`: a computation that holds its
+cores that long is stuck (or huge), and the others run beside it on one thread each.
 
 A model's weight is its ``cpu_share`` (the model repository's key; 1 by default). What a batch
 got is :meth:`Cores.granted` on its thread: the thread governor of the engines and of the
@@ -39,10 +40,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-__all__ = ["CORES", "RECENT_S", "Cores", "Party", "torch_threads"]
+__all__ = ["CORES", "PATIENCE_S", "RECENT_S", "Cores", "Party", "torch_threads"]
 
 #: How long after its last batch a model still counts as busy, in seconds.
 RECENT_S = 0.1
+#: The longest a computation waits for cores, in seconds. Batches and steps take
+#: milliseconds; one that holds its cores longer is stuck or huge, and the others then run
+#: beside it on a thread each rather than wait behind it (a model that hangs must not hang
+#: the rest of the server).
+PATIENCE_S = 1.0
 
 
 def torch_threads(count: int) -> None:
@@ -153,16 +159,21 @@ class Cores:
             self._queue.append(ticket)
             try:
                 told = False
+                patience = time.monotonic() + PATIENCE_S
                 while True:
                     free = count - self._lent
                     if self._queue[0] is ticket and free >= at_least:
                         share = self._share(party, self._clock())
                         granted = max(at_least, min(wanted, free, share))
                         break
+                    left = patience - time.monotonic()
+                    if left <= 0:  # waited too long behind a stuck computation: run beside it
+                        granted = at_least
+                        break
                     if not told and self.on_wait is not None:
                         self.on_wait(party.name)
                         told = True
-                    self._lock.wait()
+                    self._lock.wait(left)
             finally:
                 self._queue.remove(ticket)
                 party.waiting -= 1

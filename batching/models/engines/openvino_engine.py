@@ -5,6 +5,7 @@ it runs without torch."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,9 @@ class OpenVinoRunner:
         self.compiled = compiled
         self.names = [tensor.get_any_name() for tensor in compiled.inputs]
         self.output = compiled.outputs[0]
-        self.request = compiled.create_infer_request()
+        # One infer request per calling thread: copies of the model share this runner
+        # (:mod:`.shared`), each on its own instance thread.
+        self._requests = threading.local()
 
     def release_memory(self) -> None:
         """Give back the intermediate buffers the largest batch so far left (OpenVINO
@@ -58,5 +61,8 @@ class OpenVinoRunner:
         # numpy arrays, or CPU tensors (which numpy reads without a copy).
         feeds = {name: np.asarray(inputs[name]) for name in self.names}
         # infer() copies the outputs out of the request's buffers, which the next call reuses.
-        output: np.ndarray = self.request.infer(feeds)[self.output]
+        request = getattr(self._requests, "request", None)
+        if request is None:
+            request = self._requests.request = self.compiled.create_infer_request()
+        output: np.ndarray = request.infer(feeds)[self.output]
         return output

@@ -41,6 +41,7 @@ from .measure import cpu_seconds, items_per_second, resident_mb
 from .options import ADAPTIVE_THREADS_VARIABLE, EngineOptions, installed, thread_budget
 from .plan import EnginePlan, Runner
 from .retake import Retaker
+from .shared import shared_runner
 
 __all__ = ["EngineJob", "candidates", "measure_engines", "select_engine"]
 
@@ -133,7 +134,10 @@ def select_engine(job: EngineJob) -> EnginePlan:
     if variants == [("torch", "fp32")]:
         from . import torch_engine
 
-        runner = torch_engine.TorchRunner(job.load_reference(), "fp32")
+        runner = shared_runner(
+            (str(job.folder), job.head, job.device, REFERENCE),
+            lambda: torch_engine.TorchRunner(job.load_reference(), "fp32"),
+        )
         route = Route("torch", "fp32", 1, max(options.batch_sizes))
         why = "asked for" if options.engine == "torch" else "the only variant for this task"
         only = EnginePlan(Decision((route,), why), {REFERENCE: runner})
@@ -293,7 +297,26 @@ def _build(
     *,
     threads: int | None = None,
 ) -> Runner:
-    """One variant's runner; ``reference`` is the loaded fp32 torch model, if it is."""
+    """One variant's runner; ``reference`` is the loaded fp32 torch model, if it is (a
+    measurement's runners are its own; the others are shared with copies of the model in this
+    process: :mod:`.shared`)."""
+    if reference is None:
+        key = (str(cache.folder), engine, precision, threads or thread_budget(), job.device)
+        return shared_runner(
+            key, lambda: _build_new(job, cache, engine, precision, None, threads=threads)
+        )
+    return _build_new(job, cache, engine, precision, reference, threads=threads)
+
+
+def _build_new(
+    job: EngineJob,
+    cache: EngineCache,
+    engine: str,
+    precision: str,
+    reference: Any,
+    *,
+    threads: int | None = None,
+) -> Runner:
     if engine == "torch":
         from . import torch_engine
 
