@@ -213,13 +213,20 @@ def test_token_id_arrays_are_refused_with_the_langchain_hint(
     assert "token ids" in refused.value.message
 
 
-def test_models_lists_the_embedding_models(client: openai.OpenAI) -> None:
-    listed = {model.id for model in client.models.list()}
-    assert listed == {"st", "fe", "vectors", "picky"}  # not the classifier
+def test_models_lists_every_model_and_the_embedders_serve_embeddings(
+    client: openai.OpenAI,
+) -> None:
+    listed = {model.id: model.model_extra or {} for model in client.models.list()}
+    assert set(listed) == {"st", "fe", "classifier", "vectors", "picky"}
+    embedders = {name for name, extra in listed.items() if "/v1/embeddings" in extra["endpoints"]}
+    assert embedders == {"st", "fe", "vectors", "picky"}  # not the classifier
+    assert listed["classifier"]["task"] == "text-classification"
+    assert listed["st"]["max_model_len"] > 0
     assert client.models.retrieve("st").id == "st"
-    with pytest.raises(openai.NotFoundError) as classifier:
-        client.models.retrieve("classifier")
-    assert classifier.value.code == "model_not_found"
+    assert client.models.retrieve("classifier").id == "classifier"
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.models.retrieve("nope")
+    assert unknown.value.code == "model_not_found"
 
 
 # --- errors -------------------------------------------------------------------------------------

@@ -404,9 +404,11 @@ def test_v2_takes_the_options_as_parameters_over_http_and_grpc(
 # --- the OpenAI door ------------------------------------------------------------------------
 
 
-def test_the_openai_door_neither_lists_nor_serves_a_sparse_model(url: str) -> None:
-    listed = httpx.get(f"{url}/v1/models").json()
-    assert [model["id"] for model in listed["data"]] == ["st"]
+def test_the_openai_door_lists_a_sparse_model_as_sparse_and_does_not_serve_it(url: str) -> None:
+    listed = {model["id"]: model for model in httpx.get(f"{url}/v1/models").json()["data"]}
+    assert "/v1/embeddings" in listed["st"]["endpoints"]
+    assert "/embed_sparse" in listed["splade"]["endpoints"]
+    assert "/v1/embeddings" not in listed["splade"]["endpoints"]
     answer = httpx.post(f"{url}/v1/embeddings", json={"model": "splade", "input": "a cat"})
     assert answer.status_code == 404, answer.text
     assert answer.json()["error"]["code"] == "model_not_found"

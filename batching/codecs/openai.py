@@ -311,20 +311,20 @@ def encode_embeddings(
     )
 
 
-def _model_object(name: str, created: int) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": created, "owned_by": "batching"}
+def _model_object(name: str, created: int, extra: Mapping[str, Any]) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": created, "owned_by": "batching", **extra}
 
 
-def encode_models(names: Iterable[str], created: int) -> bytes:
-    """The ``GET /v1/models`` answer."""
+def encode_models(models: Iterable[tuple[str, Mapping[str, Any]]], created: int) -> bytes:
+    """The ``GET /v1/models`` answer: each model's name and what else describes it."""
     return orjson.dumps(
-        {"object": "list", "data": [_model_object(name, created) for name in names]}
+        {"object": "list", "data": [_model_object(name, created, extra) for name, extra in models]}
     )
 
 
-def encode_model(name: str, created: int) -> bytes:
+def encode_model(name: str, created: int, extra: Mapping[str, Any]) -> bytes:
     """The ``GET /v1/models/{model}`` answer."""
-    return orjson.dumps(_model_object(name, created))
+    return orjson.dumps(_model_object(name, created, extra))
 
 
 def error_document(

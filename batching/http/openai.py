@@ -1,5 +1,6 @@
-"""The OpenAI-compatible door: ``POST /v1/embeddings``, ``GET /v1/models`` and
-``GET /v1/models/{model}``, for every embedding model served.
+"""The OpenAI-compatible door: ``POST /v1/embeddings`` for every embedding model served, and
+``GET /v1/models`` and ``GET /v1/models/{model}`` for every model, with what each serves
+(:mod:`batching.codecs.served`).
 
 The official ``openai`` SDK (and LangChain's ``OpenAIEmbeddings`` with
 ``check_embedding_ctx_length=False``) works against ``{server}/v1`` with any API key. The wire
@@ -37,6 +38,7 @@ from batching.codecs.openai import (
     is_embedding_model,
     parse_embeddings_request,
 )
+from batching.codecs.served import served
 from batching.errors import (
     BatchingError,
     DeadlineExceeded,
@@ -226,18 +228,25 @@ def openai_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
             outcome.status = 200
             return _json(result)
 
-    def embedding_models() -> list[str]:
-        return [d.name for d in plane.deployments if is_embedding_model(d.metadata)]
+    def described(deployment: Deployment) -> dict[str, Any]:
+        return served(deployment.name, deployment.metadata, deployment.config.task)
 
     async def models(request: Request) -> Response:
-        return _json(encode_models(embedding_models(), created))
+        listed = [(d.name, described(d)) for d in plane.deployments]
+        return _json(encode_models(listed, created))
 
     async def model(request: Request) -> Response:
         name = request.path_params["model"]
-        deployment = served_model(plane, name, is_embedding_model, "an embedding")
+        try:
+            deployment = plane.deployment(name)
+        except ModelNotFound:
+            known = ", ".join(repr(d.name) for d in plane.deployments)
+            raise ModelNotFound(
+                f"The model {name!r} does not exist; served here: {known}"
+            ) from None
         if not deployment.metadata:
             raise NotReady(f"model {name!r} is loading", retry_after=1.0)
-        return _json(encode_model(name, created))
+        return _json(encode_model(name, created, described(deployment)))
 
     return [
         Route("/v1/embeddings", openai_endpoint(embeddings, "POST"), methods=ANY_METHOD),

@@ -40,6 +40,7 @@ from .generation import (
     input_text,
 )
 from .parameters import PARAMETERS_KEY, Param, Parameters, TaskItem
+from .tasks.generation import CHAT_TEMPLATE_KEY
 
 __all__ = ["Generator", "Prompt"]
 
@@ -294,5 +295,6 @@ class Generator:
             # The answers ({"generated_text": ...}) travel as JSON strings.
             "outputs": [{"name": "output", "datatype": "BYTES", "shape": [-1]}],
             "task": self.task,
+            CHAT_TEMPLATE_KEY: bool(getattr(self._tokenizer, "chat_template", None)),
             PARAMETERS_KEY: {name: param.describe() for name, param in self.params.items()},
         }

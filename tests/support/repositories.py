@@ -11,6 +11,17 @@ from tests.support import tiny, tiny_tasks, vision
 from tests.support.generators import gpt2_folder
 
 
+def chat_gpt2_folder(root: Path) -> Path:
+    """The tiny GPT-2 with a chat template of its own (each message's content, in turn)."""
+    import transformers
+
+    folder = gpt2_folder(root, "chat-gpt2")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+    tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }} {% endfor %}"
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 def _default(root: Path) -> str:
     del root
     return 'source = "default"\nengine = "torch"\n'
@@ -33,7 +44,7 @@ def _folder(build: Callable[[Path], Path]) -> Callable[[Path], str]:
 #: What each model of a mixed repository is: its ``config.toml`` given a folder for sources.
 KINDS: dict[str, Callable[[Path], str]] = {
     "embedder": _default,
-    "writer": _task(gpt2_folder, "text-generation"),
+    "writer": _task(chat_gpt2_folder, "text-generation"),
     "tagger": _task(tiny_tasks.token_classifier_folder, "token-classification"),
     "vision": _task(vision.classifier_folder, "image-classification"),
     "reranker": _task(

@@ -23,14 +23,16 @@ class ServerProcess:
     ``--ssl-certfile``); its log lines are collected as they come, and :meth:`wait_for` waits on
     them (no sleeping)."""
 
-    def __init__(self, *flags: str) -> None:
+    def __init__(self, *flags: str, model: list[str] | None = None, ready_s: float = 90) -> None:
+        """:param model: the flags that say what to serve (:data:`MODEL` by default).
+        :param ready_s: how long the server may take to log that it is ready."""
         self.port, self.grpc_port = free_port(), free_port()
         self.scheme = "https" if "--ssl-certfile" in flags else "http"
         self.process = subprocess.Popen(
             [
                 sys.executable,
                 "server.py",
-                *MODEL,
+                *(MODEL if model is None else model),
                 "--port",
                 str(self.port),
                 "--grpc-port",
@@ -50,7 +52,7 @@ class ServerProcess:
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         try:
-            self.wait_for("ready: serving", 90)
+            self.wait_for("ready: serving", ready_s)
         except BaseException:
             self.stop()
             raise

@@ -18,6 +18,7 @@ import re
 from batching.models.parameters import Param
 
 __all__ = [
+    "CHAT_TEMPLATE_KEY",
     "GENERATION",
     "SUMMARIZATION",
     "TEXT2TEXT_GENERATION",
@@ -116,6 +117,11 @@ def pair_of(task: str) -> tuple[str, str] | None:
 STREAMED_TASKS = frozenset(
     {"text-generation", "summarization", "translation", "text2text-generation"}
 )
+
+
+#: The metadata key by which a generating model says whether its tokenizer has a chat
+#: template (and so takes chats: ``/v1/chat/completions``).
+CHAT_TEMPLATE_KEY = "chat_template"
 
 
 def streams(task: str | None) -> bool:
