@@ -492,3 +492,47 @@ assert not loaded, loaded
         timeout=120,
     )
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+async def test_requests_to_several_models_with_keys_are_traced_and_batched_per_model() -> None:
+    keys = ApiKeys(["secret-key"])
+    auth = {"authorization": "Bearer secret-key"}
+    models = [
+        ModelConfig(
+            name=name,
+            source="tests.support.models:EchoModel",
+            batching=BatchingConfig(max_batch_size=4, max_queue_delay=20.0, timeout=25.0),
+        )
+        for name in ("first", "second")
+    ]
+    with HttpReceiver() as receiver:
+        app = create_app(models, api_keys=keys, tracing=http_tracing(receiver))
+        sent = {name: [traceparent() for _ in range(4)] for name in ("first", "second")}
+        async with serving(app) as client:
+            answers = await asyncio.gather(
+                *(
+                    client.post(
+                        f"/models/{name}",
+                        content=f"{name} {i}".encode(),
+                        headers={"traceparent": tp, **auth},
+                    )
+                    for name, parents in sent.items()
+                    for i, (tp, _, _) in enumerate(parents)
+                )
+            )
+            assert [answer.status_code for answer in answers] == [200] * 8
+            tp, refused_trace, _ = traceparent()
+            refused = await client.post("/models/second", content=b"x", headers={"traceparent": tp})
+            assert refused.status_code == 401
+        spans = {span.trace_id: span for span in server_spans(receiver, "POST")}
+        for name, parents in sent.items():
+            ids = set()
+            for _, trace_id, parent_id in parents:
+                span = spans[trace_id]
+                assert span.parent_span_id == parent_id
+                assert attributes_of(span)["batching.model"] == name
+                ids.add((span.trace_id, span.span_id))
+            (batch,) = receiver.named(f"batch {name}")
+            assert {(link.trace_id, link.span_id) for link in batch.links} == ids
+            assert attributes_of(batch)["batching.instance"] == f"{name}-0"
+        assert attributes_of(spans[refused_trace])["http.response.status_code"] == 401
