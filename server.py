@@ -88,6 +88,7 @@ def build(
         on_all_ready=on_all_ready,
         tls=tls,
         api_keys=settings.api_keys,
+        admin_keys=settings.admin_keys,
         cors_allow_origins=settings.cors_allow_origins,
         metrics_port=settings.metrics_port,
         connection_limits=settings.connections,
@@ -273,6 +274,8 @@ def _ready_line(settings: ServerSettings, server: _Server, app: Starlette) -> st
         doors.append(f"metrics at http://{host}:{settings.metrics_port}/metrics")
     if settings.api_keys is not None:
         doors.append(f"{settings.api_keys.count} API keys")
+    if settings.admin_keys is not None:
+        doors.append(f"{settings.admin_keys.count} admin keys")
     if settings.tracing is not None:
         doors.append(f"traces to {settings.tracing.endpoint} ({settings.tracing.protocol})")
     return f"ready: serving {names} at {url} ({', '.join(doors)})"
