@@ -286,10 +286,11 @@ def _log_start(settings: ServerSettings) -> None:
         len([d for d in model.devices if not d.startswith("cuda")]) for model in settings.models
     )
     logger.info(
-        "CPU: %s; %d torch threads for each of %d CPU instances",
+        "CPU: %s; %d torch threads for each of %d CPU instances; at most %d model instances in all",
         settings.cpu_budget.describe(),
         settings.torch_threads,
         cpu_instances,
+        settings.model_control.instances.limit,
     )
     for model in settings.models:
         batching = model.batching
