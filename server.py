@@ -88,6 +88,7 @@ def build(
         on_all_ready=on_all_ready,
         tls=tls,
         api_keys=settings.api_keys,
+        admin_keys=settings.admin_keys,
         cors_allow_origins=settings.cors_allow_origins,
         metrics_port=settings.metrics_port,
         connection_limits=settings.connections,
@@ -273,6 +274,8 @@ def _ready_line(settings: ServerSettings, server: _Server, app: Starlette) -> st
         doors.append(f"metrics at http://{host}:{settings.metrics_port}/metrics")
     if settings.api_keys is not None:
         doors.append(f"{settings.api_keys.count} API keys")
+    if settings.admin_keys is not None:
+        doors.append(f"{settings.admin_keys.count} admin keys")
     if settings.tracing is not None:
         doors.append(f"traces to {settings.tracing.endpoint} ({settings.tracing.protocol})")
     return f"ready: serving {names} at {url} ({', '.join(doors)})"
@@ -283,10 +286,11 @@ def _log_start(settings: ServerSettings) -> None:
         len([d for d in model.devices if not d.startswith("cuda")]) for model in settings.models
     )
     logger.info(
-        "CPU: %s; %d torch threads for each of %d CPU instances",
+        "CPU: %s; %d torch threads for each of %d CPU instances; at most %d model instances in all",
         settings.cpu_budget.describe(),
         settings.torch_threads,
         cpu_instances,
+        settings.model_control.instances.limit,
     )
     for model in settings.models:
         batching = model.batching

@@ -41,7 +41,7 @@ from batching.http.rerank import rerank_routes
 from batching.http.sparse import sparse_routes
 from batching.http.tokens import token_routes
 from batching.http.v2 import v2_routes
-from batching.keys import ApiKeys
+from batching.keys import AccessKeys, ApiKeys
 from batching.log_settings import LogSettings
 from batching.metrics import Metrics
 from batching.models.default import DEFAULT_MODEL_NAME
@@ -123,6 +123,7 @@ def create_app(
     on_all_ready: Callable[[], None] | None = None,
     tls: CertificateFiles | None = None,
     api_keys: ApiKeys | None = None,
+    admin_keys: ApiKeys | None = None,
     cors_allow_origins: Sequence[str] = (),
     metrics_port: int | None = None,
     connection_limits: ConnectionLimits | None = None,
@@ -156,7 +157,10 @@ def create_app(
         both doors get a renewed certificate. The HTTP listener is the host's (``server.py``
         gives uvicorn ``tls.listening_context()``).
     :param api_keys: when given, every route and RPC but the health probes and ``/metrics``
-        needs one of these keys: :mod:`batching.http.auth`, :mod:`batching.grpc.auth`.
+        needs one of these keys (or an admin key): :mod:`batching.http.auth`,
+        :mod:`batching.grpc.auth`.
+    :param admin_keys: the keys that may load and unload models (:class:`AccessKeys` says
+        who may without them).
     :param cors_allow_origins: origins browsers may call from (CORS); none by default.
     :param metrics_port: the local port of a second listener the host binds for this app:
         ``/metrics`` and the probes are served there and ``/metrics`` no longer on the main
@@ -261,12 +265,14 @@ def create_app(
             tracer.describe([deployment])
         return deployment
 
+    keys = AccessKeys(api=api_keys, admin=admin_keys)
     control = ModelControl(
         deployments,
         model_control or ControlOptions(),
         make_deployment,
         grace=shutdown_timeout,
         started=configs,
+        keys=keys,
     )
     metrics.registry.register(StateCollector(deployments))
     logs = log_settings if log_settings is not None else LogSettings()
@@ -279,7 +285,7 @@ def create_app(
             interceptors.append(TracingInterceptor(tracer))  # first: it sees the refusals
         if api_keys is not None:
             unauthorized = metrics.unauthorized.labels("grpc")
-            interceptors.append(ApiKeyInterceptor(api_keys, on_refused=unauthorized.inc))
+            interceptors.append(ApiKeyInterceptor(keys, on_refused=unauthorized.inc))
         limits = connection_limits if connection_limits is not None else ConnectionLimits()
         grpc_limits = GrpcLimits(
             max_message_bytes=max_body_bytes,
@@ -382,7 +388,7 @@ def create_app(
         unauthorized = metrics.unauthorized.labels("http")
         app.add_middleware(
             ApiKeyMiddleware,
-            keys=api_keys,
+            keys=keys,
             open_paths=OPEN_PATHS | {METRICS_PATH},
             on_refused=unauthorized.inc,
         )

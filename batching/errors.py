@@ -5,6 +5,7 @@
     BatchingError                 base; never raised itself
     ├── ClientError               the caller must change the request
     │   ├── InvalidRequest        400  not parseable (bad JSON, wrong types, not UTF-8)
+    │   ├── PermissionDenied      403  the key presented may not make this call
     │   ├── ModelNotFound         404  no such model or version
     │   ├── PayloadTooLarge       413  body or item count over the limit
     │   └── UnprocessableInput    422  well-formed, but not something this model takes
@@ -29,6 +30,7 @@ __all__ = [
     "NotReady",
     "Overloaded",
     "PayloadTooLarge",
+    "PermissionDenied",
     "Unavailable",
     "UnprocessableInput",
 ]
@@ -44,6 +46,11 @@ class ClientError(BatchingError):
 
 class InvalidRequest(ClientError):
     """Raised when a request body cannot be parsed or does not follow the protocol."""
+
+
+class PermissionDenied(ClientError):
+    """Raised when the key a request presents may not make the call (a load or unload that
+    needs an admin key); a missing or unknown key is refused before, at the door."""
 
 
 class ModelNotFound(ClientError):

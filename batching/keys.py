@@ -1,7 +1,10 @@
 """API keys: the configured keys (as SHA-256 digests), the credential a request presents, and the
 constant-time check both doors (HTTP and gRPC) make.
 
-Keys come from ``--api-key`` (repeatable) and ``--api-key-file`` (one key per line). The file is
+Keys come from ``--api-key`` (repeatable) and ``--api-key-file`` (one key per line); admin keys,
+which may also load and unload models (Triton's restricted repository API), from
+``--admin-api-key`` and ``--admin-api-key-file``: each set is an :class:`ApiKeys`, and
+:class:`AccessKeys` says what a credential may do with both. The file is
 re-read when it changes, so a Kubernetes Secret mounted as the file rotates keys without a
 restart: the check looks at the file's identity (device, inode, size, modification time, after
 symlinks, which is how kubelet swaps a Secret's ``..data`` link) at most once per
@@ -12,7 +15,8 @@ meant to be locked is never opened by a half-written file.
 
 Nothing here keeps a key's text: only its digest. A presented credential is hashed and compared
 with ``hmac.compare_digest`` against every configured digest, with no early exit, so neither
-which key matched nor how much of it did shows in the time the check takes.
+which key matched nor how much of it did shows in the time the check takes (nor, with
+admin keys, whether it was an API key or an admin key).
 """
 
 from __future__ import annotations
@@ -24,13 +28,17 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 __all__ = [
     "KEY_SEPARATOR",
     "RECHECK_INTERVAL_S",
+    "AccessKeys",
     "ApiKeys",
     "ApiKeyError",
+    "KeyCheck",
     "credential_of",
     "split_keys",
 ]
@@ -71,19 +79,29 @@ def split_keys(text: str) -> list[str]:
     return [part.strip() for part in text.split(KEY_SEPARATOR) if part.strip()]
 
 
-def _read_file(path: Path) -> list[str]:
-    """The keys in ``path``: one per line, blank lines and surrounding spaces ignored."""
+def _read_file(path: Path, flag: str) -> list[str]:
+    """The keys in ``path`` (given as ``flag``): one per line, blank lines and surrounding
+    spaces ignored."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
-        raise ApiKeyError(f"--api-key-file {path}: cannot be read ({reason})") from None
+        raise ApiKeyError(f"{flag} {path}: cannot be read ({reason})") from None
     keys = [line.strip() for line in text.splitlines() if line.strip()]
     if not keys:
-        raise ApiKeyError(f"--api-key-file {path}: holds no key (one key per line)")
+        raise ApiKeyError(f"{flag} {path}: holds no key (one key per line)")
     for number, key in enumerate(keys, 1):
-        _checked(key, f"--api-key-file {path}, key {number}")
+        _checked(key, f"{flag} {path}, key {number}")
     return keys
+
+
+def _any_matches(presented: bytes, digests: Iterable[bytes]) -> bool:
+    """Whether ``presented`` is one of ``digests``: compared in constant time with every one
+    (no early exit)."""
+    matched = False
+    for digest in digests:
+        matched |= hmac.compare_digest(presented, digest)
+    return matched
 
 
 def _identity(path: Path) -> tuple[int, int, int, int] | None:
@@ -118,6 +136,8 @@ class ApiKeys:
 
     :param keys: keys given directly (``--api-key``).
     :param file: a key file (``--api-key-file``): read now, and again when it changes.
+    :param flag: the flag the keys were given with, for messages (``--admin-api-key`` for
+        the admin keys; the file's is the same with ``-file``).
     :param clock: monotonic seconds, for the re-check interval (injected by tests).
     :raises ApiKeyError: a key is malformed, the file cannot be read or holds no key, or no
         key is given at all.
@@ -128,10 +148,13 @@ class ApiKeys:
         keys: Sequence[str] = (),
         file: str | os.PathLike[str] | None = None,
         *,
+        flag: str = "--api-key",
         clock: Callable[[], float] = time.monotonic,
         recheck_interval: float = RECHECK_INTERVAL_S,
     ) -> None:
-        self._fixed = [_digest(_checked(key, "--api-key")) for key in keys]
+        self.flag = flag
+        self._file_flag = f"{flag}-file"
+        self._fixed = [_digest(_checked(key, flag)) for key in keys]
         self._file = None if file is None else Path(file)
         self._clock = clock
         self._interval = recheck_interval
@@ -140,9 +163,9 @@ class ApiKeys:
         self._checked_at = clock()
         if self._file is not None:
             self._identity = _identity(self._file)
-            self._from_file = [_digest(key) for key in _read_file(self._file)]
+            self._from_file = [_digest(key) for key in _read_file(self._file, self._file_flag)]
         if not self._fixed and not self._from_file:
-            raise ApiKeyError("--api-key: give at least one key")
+            raise ApiKeyError(f"{flag}: give at least one key")
 
     @property
     def count(self) -> int:
@@ -161,24 +184,100 @@ class ApiKeys:
         identity = _identity(self._file)
         if identity is None or identity == self._identity:
             if identity is None and self._identity is not None:
-                logger.error("--api-key-file %s is gone; keeping the keys read last", self._file)
+                logger.error(
+                    "%s %s is gone; keeping the keys read last", self._file_flag, self._file
+                )
                 self._identity = None
             return
         self._identity = identity
         try:
-            keys = _read_file(self._file)
+            keys = _read_file(self._file, self._file_flag)
         except ApiKeyError as exc:
             logger.error("%s; keeping the keys read last", exc)
             return
         self._from_file = [_digest(key) for key in keys]
-        logger.info("--api-key-file %s re-read: %d keys", self._file, len(keys))
+        logger.info("%s %s re-read: %d keys", self._file_flag, self._file, len(keys))
+
+    def _digests(self) -> tuple[bytes, ...]:
+        self.reload_if_changed()
+        return (*self._fixed, *self._from_file)
 
     def accepts(self, credential: str | None) -> bool:
         """Whether ``credential`` is one of the keys: hashed, then compared in constant time
         with every key (no early exit)."""
-        self.reload_if_changed()
+        presented = _digest(credential if credential is not None else "")
+        return _any_matches(presented, self._digests()) and credential is not None
+
+    def shares_a_key_with(self, other: ApiKeys) -> bool:
+        """Whether a key of these is also one of ``other``'s (an admin key that is also an
+        API key would make every holder of that API key an admin)."""
+        return bool(set(self._digests()) & set(other._digests()))
+
+
+class KeyCheck(Protocol):
+    """What a door asks of the keys: whether a credential may pass it."""
+
+    def accepts(self, credential: str | None) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AccessKeys:
+    """A server's keys, and what a credential may do with them.
+
+    - ``api``: with them, every route and RPC but the probes and ``/metrics`` needs a key;
+    - ``admin``: the keys that may also load and unload models (Triton's restricted
+      repository API); every door takes one where it takes an API key.
+
+    Who may load and unload: an admin key when there are admin keys; no one when there are
+    only API keys (a keyed server whose operator set no admin key has not opened its models
+    to its API key holders); everyone on a server without keys at all (a development server:
+    nothing else on it is guarded either).
+    """
+
+    api: ApiKeys | None = None
+    admin: ApiKeys | None = None
+
+    def accepts(self, credential: str | None) -> bool:
+        """Whether ``credential`` passes the doors: an API key or an admin key. Compared with
+        every key of both, in constant time (no early exit)."""
         presented = _digest(credential if credential is not None else "")
         matched = False
-        for digest in (*self._fixed, *self._from_file):
-            matched |= hmac.compare_digest(presented, digest)
+        for keys in (self.api, self.admin):
+            if keys is not None:
+                matched |= _any_matches(presented, keys._digests())
         return matched and credential is not None
+
+    def control_refusal(self, credential: str | None) -> str | None:
+        """Why ``credential`` may not load or unload models (a message that names the flag,
+        never a key); None when it may."""
+        if self.admin is not None:
+            if self.admin.accepts(credential):
+                return None
+            presented = (
+                "presents no key" if credential is None else "presents a key that is not one"
+            )
+            return (
+                "loading and unloading models needs an admin key (--admin-api-key); "
+                f"this request {presented}"
+            )
+        if self.api is not None:
+            return (
+                "loading and unloading models needs an admin key, and this server has none: "
+                "start it with --admin-api-key or --admin-api-key-file (an API key may not)"
+            )
+        return None
+
+    def control_warning(self) -> str | None:
+        """What the log should say of who may load and unload, when it is everyone or no
+        one."""
+        if self.admin is not None:
+            return None
+        if self.api is not None:
+            return (
+                "load and unload calls are refused: this server has API keys but no admin key "
+                "(--admin-api-key or --admin-api-key-file)"
+            )
+        return (
+            "this server has no keys: anyone who reaches its port may load and unload models "
+            "(set --admin-api-key to restrict them)"
+        )

@@ -127,6 +127,7 @@ def _app_builder(argv: list[str]) -> Any:
             # Each replica asks for the keys itself (the file is re-read on change, per
             # replica); CORS as on server.py.
             api_keys=settings.api_keys,
+            admin_keys=settings.admin_keys,
             cors_allow_origins=settings.cors_allow_origins,
         )
         app.state.batching_loading = loading

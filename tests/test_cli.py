@@ -26,6 +26,11 @@ FLAGS = [
     "--instance-kind",
     "--model-repository",
     "--torch-threads",
+    "--api-key",
+    "--api-key-file",
+    "--admin-api-key",
+    "--admin-api-key-file",
+    "--model-control-mode",
 ]
 
 

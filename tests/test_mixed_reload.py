@@ -22,6 +22,7 @@ from tests.support.tls import Pki, make_pki
 pytestmark = pytest.mark.slow
 
 KEY = "mixed-reload-key"
+ADMIN = "mixed-reload-admin-key"
 MODELS = ("embedder", "writer", "tagger")
 
 
@@ -34,7 +35,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 def server(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[ServerProcess]:
     repository = mixed_repository(tmp_path_factory.mktemp("reload"), MODELS)
     flags = [
-        *("--model-control-mode", "explicit", "--api-key", KEY),
+        *("--model-control-mode", "explicit", "--api-key", KEY, "--admin-api-key", ADMIN),
         *("--ssl-certfile", str(pki.cert), "--ssl-keyfile", str(pki.key)),
     ]
     process = ServerProcess(*flags, model=["--model-repository", str(repository)], ready_s=110)
@@ -97,6 +98,7 @@ def test_a_reload_and_an_unload_beside_busy_models_lose_nothing(
     loads = [Load("embed", embed), Load("embed-2", embed), Load("stream", stream)]
     loads += [Load("ready", ready)]
     tagger = Load("tag", tag)
+    admin = {"Authorization": f"Bearer {ADMIN}"}
     client = triton_http.InferenceServerClient(
         server.url.removeprefix("https://"), ssl=True, ssl_options={"ca_certs": str(pki.ca)}
     )
@@ -106,14 +108,14 @@ def test_a_reload_and_an_unload_beside_busy_models_lose_nothing(
         for load in [*loads, tagger]:
             assert load.started.wait(60), load.name
         # A reload with a new configuration (a swap), and another back to the file's.
-        client.load_model("tagger", config='{"max_batch_size": 4}', headers=headers)
-        client.load_model("tagger", headers=headers)
+        client.load_model("tagger", config='{"max_batch_size": 4}', headers=admin)
+        client.load_model("tagger", headers=admin)
         tagger.stop.set()
         tagger.thread.join(60)
-        client.unload_model("tagger", headers=headers)
+        client.unload_model("tagger", headers=admin)
         index: Any = client.get_model_repository_index(headers=headers)
         assert {entry["name"]: entry["state"] for entry in index}["tagger"] == "UNAVAILABLE"
-        client.load_model("tagger", headers=headers)
+        client.load_model("tagger", headers=admin)
         assert tag() == "ok"
     finally:
         for load in [*loads, tagger]:

@@ -214,9 +214,9 @@ def test_instance_groups_become_devices(
 MAX = "max_batch_size = 32\n"
 
 BAD_CONFIGS = [
-    ("max_batch_size = 0\n", "max_batch_size: must be an integer >= 1, got 0"),
-    ("max_batch_size = true\n", "max_batch_size: must be an integer >= 1, got true"),
-    ('max_batch_size = "8"\n', 'max_batch_size: must be an integer >= 1, got "8"'),
+    ("max_batch_size = 0\n", "max_batch_size: must be an integer between 1 and 1024, got 0"),
+    ("max_batch_size = true\n", "max_batch_size: must be an integer between 1 and 1024, got true"),
+    ('max_batch_size = "8"\n', 'max_batch_size: must be an integer between 1 and 1024, got "8"'),
     ("batch_size = 4\n", "batch_size: unknown key (known here: name, source,"),
     ('name = "a/b"\n', "name: must be letters, digits, "),
     ('version = ""\n', "version: must be a non-empty string without '/', got \"\""),
@@ -256,11 +256,11 @@ BAD_CONFIGS = [
     ),
     (
         "[dynamic_batching]\nmax_latency_ms = 0\n",
-        "dynamic_batching.max_latency_ms: must be a number > 0, got 0",
+        "dynamic_batching.max_latency_ms: must be a number > 0 and at most 86400000, got 0",
     ),
     (
         "[dynamic_batching]\nmax_batch_tokens = 0\n",
-        "dynamic_batching.max_batch_tokens: must be an integer >= 1, got 0",
+        "dynamic_batching.max_batch_tokens: must be an integer between 1 and 1048576, got 0",
     ),
     (
         "[dynamic_batching]\nmax_queue_delay_ms = 500\n[queue_policy]\ntimeout_ms = 100\n",
@@ -272,15 +272,15 @@ BAD_CONFIGS = [
     ),
     (
         "[queue_policy]\nmax_queue_size = 0\n",
-        "queue_policy.max_queue_size: must be an integer >= 1, got 0",
+        "queue_policy.max_queue_size: must be an integer between 1 and 65536, got 0",
     ),
     (
         "[queue_policy]\ntimeout_ms = -5\n",
-        "queue_policy.timeout_ms: must be a number > 0, got -5",
+        "queue_policy.timeout_ms: must be a number > 0 and at most 86400000, got -5",
     ),
     (
         "[queue_policy]\nmax_items_per_request = 1.5\n",
-        "queue_policy.max_items_per_request: must be an integer >= 1, got 1.5",
+        "queue_policy.max_items_per_request: must be an integer between 1 and 65536, got 1.5",
     ),
     (
         "[queue_policy]\ndefault_timeout = 1\n",
@@ -477,7 +477,7 @@ def test_a_bad_repository_stops_the_server_with_one_line_and_no_traceback(tmp_pa
     assert done.returncode == 2
     assert done.stderr == (
         f"server.py: error: {root / 'm' / 'config.toml'}: queue_policy.max_queue_size: "
-        "must be an integer >= 1, got -3\n"
+        "must be an integer between 1 and 65536, got -3\n"
     )
 
 

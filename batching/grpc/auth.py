@@ -11,17 +11,17 @@ refusal is counted (``on_refused``).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import Any
 
 import grpc
 
 from batching.answers import answer_log
-from batching.keys import ApiKeys, credential_of
+from batching.keys import KeyCheck, credential_of
 
 from .calls import refuse
 
-__all__ = ["MESSAGE", "OPEN_METHODS", "ApiKeyInterceptor"]
+__all__ = ["MESSAGE", "OPEN_METHODS", "ApiKeyInterceptor", "presented_key"]
 
 _SERVICE = "/inference.GRPCInferenceService/"
 
@@ -29,6 +29,14 @@ _SERVICE = "/inference.GRPCInferenceService/"
 OPEN_METHODS = frozenset({_SERVICE + "ServerLive", _SERVICE + "ServerReady"})
 
 MESSAGE = "a valid API key is required: metadata authorization: Bearer KEY"
+
+
+def presented_key(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
+    """The key a call's metadata presents (:func:`batching.keys.credential_of`), if any;
+    binary (``-bin``) values are never one."""
+    return credential_of(
+        (str(key).lower(), value if isinstance(value, str) else "") for key, value in metadata or ()
+    )
 
 
 async def _refuse(requests: Any, context: grpc.aio.ServicerContext) -> None:
@@ -47,12 +55,13 @@ def _refusal(handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler:
 
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Ends every RPC outside ``open_methods`` that presents no key of ``keys`` with
-    ``UNAUTHENTICATED``; counts each refusal with ``on_refused``."""
+    """Ends every RPC outside ``open_methods`` that presents no key ``keys`` accepts (an API
+    key or an admin key: :class:`batching.keys.AccessKeys`) with ``UNAUTHENTICATED``; counts
+    each refusal with ``on_refused``."""
 
     def __init__(
         self,
-        keys: ApiKeys,
+        keys: KeyCheck,
         open_methods: Collection[str] = OPEN_METHODS,
         on_refused: Callable[[], None] | None = None,
     ) -> None:
@@ -69,11 +78,7 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(handler_call_details)
         if method in self.open_methods:
             return handler
-        metadata = handler_call_details.invocation_metadata or ()
-        pairs = (
-            (str(key).lower(), value if isinstance(value, str) else "") for key, value in metadata
-        )
-        if self.keys.accepts(credential_of(pairs)):
+        if self.keys.accepts(presented_key(handler_call_details.invocation_metadata)):
             return handler
         if self.on_refused is not None:
             self.on_refused()

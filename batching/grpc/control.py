@@ -2,7 +2,8 @@
 ``RepositoryModelUnload`` and ``LogSettings`` of ``inference.GRPCInferenceService``, beside
 the RPCs of :mod:`.v2` (the repository index is there). They mean what the HTTP routes mean
 (:mod:`batching.http.repository`, :mod:`batching.http.logging_ext`), with the same errors as
-gRPC status codes, and need an API key when keys are configured (:mod:`.auth`)."""
+gRPC status codes, and need an API key when keys are configured (:mod:`.auth`). Loading and
+unloading also need an admin key (``PERMISSION_DENIED`` without one), as on HTTP."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from batching.kserve.repository import check_unload_parameters, load_overrides
 from batching.log_settings import LogSettings
 from batching.service import DataPlane
 
+from .auth import presented_key
 from .v2 import InferenceServicer, _answers_errors
 
 __all__ = ["ControlServicer"]
@@ -56,7 +58,7 @@ class ControlServicer(InferenceServicer):
     @_answers_errors
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
         control = self._control()
-        control.check_allowed()
+        control.authorize(presented_key(context.invocation_metadata()))
         overrides = load_overrides(_repository_parameters(request))
         await control.load(request.model_name, overrides)
         return service_pb2.RepositoryModelLoadResponse()
@@ -64,7 +66,7 @@ class ControlServicer(InferenceServicer):
     @_answers_errors
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         control = self._control()
-        control.check_allowed()
+        control.authorize(presented_key(context.invocation_metadata()))
         check_unload_parameters(_repository_parameters(request))
         await control.unload(request.model_name)
         return service_pb2.RepositoryModelUnloadResponse()

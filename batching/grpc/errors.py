@@ -21,6 +21,7 @@ from batching.errors import (
     InvalidRequest,
     ModelNotFound,
     PayloadTooLarge,
+    PermissionDenied,
     Unavailable,
     UnprocessableInput,
 )
@@ -30,6 +31,7 @@ __all__ = ["CANCELLED", "INTERNAL", "STATUS_FOR", "status_of"]
 #: An error class, the gRPC status code it is answered with, and the HTTP status it is counted as.
 STATUS_FOR: dict[type[BatchingError], tuple[grpc.StatusCode, int]] = {
     InvalidRequest: (grpc.StatusCode.INVALID_ARGUMENT, 400),
+    PermissionDenied: (grpc.StatusCode.PERMISSION_DENIED, 403),
     ModelNotFound: (grpc.StatusCode.NOT_FOUND, 404),
     PayloadTooLarge: (grpc.StatusCode.INVALID_ARGUMENT, 413),
     UnprocessableInput: (grpc.StatusCode.INVALID_ARGUMENT, 422),

@@ -24,11 +24,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from batching.answers import answer_log
 from batching.codecs.openai import error_document
-from batching.keys import ApiKeys, credential_of
+from batching.keys import KeyCheck, credential_of
 
 from .middleware import request_id_of
 
-__all__ = ["OPEN_PATHS", "ApiKeyMiddleware", "MESSAGE"]
+__all__ = ["OPEN_PATHS", "ApiKeyMiddleware", "MESSAGE", "presented_key"]
 
 #: Paths that answer without a key: the probes (the app adds ``/metrics``).
 OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
@@ -36,18 +36,28 @@ OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
 MESSAGE = "a valid API key is required: Authorization: Bearer KEY, or api-key: KEY"
 
 
+def presented_key(scope: Scope) -> str | None:
+    """The key an HTTP request presents (:func:`batching.keys.credential_of` of its
+    headers), if any."""
+    return credential_of(
+        (name.decode("latin-1").lower(), value.decode("latin-1"))
+        for name, value in scope["headers"]
+    )
+
+
 def _is_openai(path: str) -> bool:
     return path == "/v1" or path.startswith("/v1/")
 
 
 class ApiKeyMiddleware:
-    """Refuses, with 401, every HTTP request outside ``open_paths`` that presents no key of
-    ``keys``; counts each refusal with ``on_refused``."""
+    """Refuses, with 401, every HTTP request outside ``open_paths`` that presents no key
+    ``keys`` accepts (an API key or an admin key: :class:`batching.keys.AccessKeys`); counts
+    each refusal with ``on_refused``."""
 
     def __init__(
         self,
         app: ASGIApp,
-        keys: ApiKeys,
+        keys: KeyCheck,
         open_paths: Collection[str] = OPEN_PATHS,
         on_refused: Callable[[], None] | None = None,
     ) -> None:
@@ -64,11 +74,7 @@ class ApiKeyMiddleware:
         if path in self.open_paths and scope["type"] == "http":
             await self.app(scope, receive, send)
             return
-        headers = (
-            (name.decode("latin-1").lower(), value.decode("latin-1"))
-            for name, value in scope["headers"]
-        )
-        presented = credential_of(headers)
+        presented = presented_key(scope)
         if self.keys.accepts(presented):
             await self.app(scope, receive, send)
             return

@@ -21,6 +21,7 @@ from batching.errors import (
     InvalidRequest,
     ModelNotFound,
     PayloadTooLarge,
+    PermissionDenied,
     Unavailable,
     UnprocessableInput,
 )
@@ -46,6 +47,7 @@ logger = logging.getLogger("batching")
 
 STATUS_FOR: dict[type[BatchingError], int] = {
     InvalidRequest: 400,
+    PermissionDenied: 403,
     ModelNotFound: 404,
     PayloadTooLarge: 413,
     UnprocessableInput: 422,

@@ -2,10 +2,12 @@
 /v2/repository/models/{model_name}/load`` and ``.../unload`` (the index is in :mod:`.v2`).
 
 Both change the server: they answer 400 naming the mode unless ``--model-control-mode
-explicit``, and need an API key when keys are configured (:mod:`.auth` covers every route
-but the probes). A load answers once the model serves (200, empty, as Triton), or with the
-error, the old version still serving; an unload once its accepted requests are served and it
-is stopped.
+explicit``, and 403 unless the request presents an admin key (or the server has no keys at
+all: :meth:`batching.control.ModelControl.authorize`), before the body is read. With API
+keys, :mod:`.auth` has already refused (401) a request with no valid key. A load answers once
+the model serves (200, empty, as Triton), or with the error, the old version still serving;
+a load that does not fit the server's bounds is 400 before anything starts. An unload answers
+once its accepted requests are served and it is stopped.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from starlette.routing import Route
 from batching.control import ModelControl
 from batching.kserve.repository import check_unload_parameters, load_overrides, parameters_of
 
+from .auth import presented_key
 from .requests import read_body
 
 __all__ = ["repository_routes"]
@@ -29,14 +32,14 @@ def repository_routes(control: ModelControl) -> list[Route]:
     """The load and unload routes over ``control``."""
 
     async def load(request: Request) -> Response:
-        control.check_allowed()
+        control.authorize(presented_key(request.scope))
         name = request.path_params["model_name"]
         parameters = parameters_of(await read_body(request, MAX_BODY_BYTES))
         await control.load(name, load_overrides(parameters))
         return Response(status_code=200)
 
     async def unload(request: Request) -> Response:
-        control.check_allowed()
+        control.authorize(presented_key(request.scope))
         name = request.path_params["model_name"]
         check_unload_parameters(parameters_of(await read_body(request, MAX_BODY_BYTES)))
         await control.unload(name)

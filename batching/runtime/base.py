@@ -3,7 +3,6 @@ one blocking thread at a lower CPU priority, and a timed call into the model."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import os
 import threading
@@ -15,6 +14,7 @@ from batching.core.jobs import InstanceLost, Outputs
 from batching.models.protocol import Model
 
 from .warmup import InstanceInfo, Loaded, WarmupPlan
+from .worker import InstanceThread
 
 __all__ = [
     "MODEL_NICENESS",
@@ -85,8 +85,9 @@ def predict_timed(model: Model, inputs: list[Any]) -> tuple[Outputs, float]:
 
 class InstanceBase:
     """What every instance kind holds: its model's factory, device, index and warm-up plan,
-    and the one thread that does its blocking work, at a lower CPU priority than the event
-    loop (for a thread instance it computes; for a process instance it waits on the pipe)."""
+    and the one thread that does its blocking work (:class:`~.worker.InstanceThread`, a
+    daemon), at a lower CPU priority than the event loop (for a thread instance it computes;
+    for a process instance it waits on the pipe)."""
 
     def __init__(
         self,
@@ -102,9 +103,8 @@ class InstanceBase:
         self.index = index
         self._factory = factory
         self._warmup = warmup or WarmupPlan()
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=name, initializer=yield_cpu_to_the_server
-        )
+        # A daemon: a load that never returns does not keep the process alive at exit.
+        self._executor = InstanceThread(name, initializer=yield_cpu_to_the_server)
         #: Orders start against close, for kinds whose start creates something to close.
         self._lock = threading.Lock()
 

@@ -4,16 +4,25 @@
 with a CPU quota (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``) or a narrowed affinity mask
 (``taskset``, a cpuset) gets far less, and torch thread teams sized to the machine then wait on
 each other at every barrier. The budget is the smaller of the affinity mask and the quota.
+
+It also bounds how many model instances the process holds at once (:class:`InstanceBudget`):
+each is a thread (or a child process) with a copy of a model, and past a few per core they only
+wait on each other while their copies take the memory.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-__all__ = ["CpuBudget", "read_cpu_budget"]
+__all__ = ["INSTANCES_PER_CORE", "CpuBudget", "InstanceBudget", "read_cpu_budget"]
+
+#: The most model instances (of every model, on every device) per core of the CPU budget.
+#: Beyond one per core each instance gets one torch thread (:func:`torch_threads_for
+#: <batching.settings.cli.torch_threads_for>`); beyond a few they only queue for the cores.
+INSTANCES_PER_CORE = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +50,44 @@ class CpuBudget:
         if self.quota is not None:
             quota = f"a quota of {self.quota:g} cores ({self.quota_source})"
         return f"{self.affinity} cores in the affinity mask, {quota}: budget {self.cores}"
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceBudget:
+    """The most model instances the process holds at once: :data:`INSTANCES_PER_CORE` per
+    core of its CPU budget, whatever the device, summed over every model. The start-up
+    configuration (flags and repository) and every load at run time are held to it.
+    """
+
+    #: The cores of the CPU budget.
+    cores: int
+    #: The instances the other models already take.
+    used: int = 0
+
+    @classmethod
+    def of(cls, budget: CpuBudget) -> InstanceBudget:
+        return cls(cores=budget.cores)
+
+    @property
+    def limit(self) -> int:
+        return self.cores * INSTANCES_PER_CORE
+
+    def beside(self, used: int) -> InstanceBudget:
+        """This budget once the other models take ``used`` instances."""
+        return replace(self, used=used)
+
+    def check(self, count: int) -> None:
+        """Whether ``count`` more instances fit.
+
+        :raises ValueError: they do not; the message names the bound and how it is reached.
+        """
+        if self.used + count <= self.limit:
+            return
+        others = f", and the other models take {self.used}" if self.used else ""
+        raise ValueError(
+            f"at most {self.limit} model instances in all ({INSTANCES_PER_CORE} per core of a "
+            f"CPU budget of {self.cores} cores){others}"
+        )
 
 
 def read_cpu_budget(root: Path = Path("/")) -> CpuBudget:

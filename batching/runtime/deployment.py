@@ -7,6 +7,7 @@ import contextlib
 import functools
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +20,7 @@ from batching.core.policy import BatchPolicy, FixedPolicy
 from batching.errors import NotReady
 from batching.models.engines.cores import CORES
 from batching.models.engines.options import ADAPTIVE_THREADS_VARIABLE
-from batching.models.loading import LOADING
+from batching.models.loading import LOADING, Turn
 from batching.models.protocol import ModelHooks, hooks_of
 from batching.models.tasks.generation import streams
 
@@ -102,6 +103,30 @@ def instance_factory_for(config: ModelConfig, index: int) -> InstanceFactory:
     return thread
 
 
+async def _arrive(turn: Turn) -> None:
+    """Wait for ``turn`` without holding the event loop, nor a thread the interpreter joins
+    at exit (a turn behind a load that never returns waits on a daemon thread); cancelled,
+    the turn is given up."""
+    loop = asyncio.get_running_loop()
+    arrived: asyncio.Future[bool] = loop.create_future()
+
+    def settle(came: bool) -> None:
+        if not arrived.done():
+            arrived.set_result(came)
+
+    def wait() -> None:
+        came = turn.wait()
+        with contextlib.suppress(RuntimeError):  # the loop closed while it waited
+            loop.call_soon_threadsafe(settle, came)
+
+    threading.Thread(target=wait, name=f"turn of {turn.what}", daemon=True).start()
+    try:
+        await arrived
+    except asyncio.CancelledError:
+        turn.done()
+        raise
+
+
 def make_policy(config: ModelConfig) -> BatchPolicy:
     batching = config.batching
     if batching.policy == "adaptive":
@@ -162,7 +187,6 @@ class Deployment:
         self._on_load_failure = on_load_failure
         self._clock = clock
         self._tasks: list[asyncio.Task[None]] = []
-        self._loading = asyncio.Lock()
         #: Counts an input's tokens on the event loop, for token-aware batching.
         self.count_tokens: Callable[[Any], int] | None = None
         self._counting: ModelHooks | None = None
@@ -179,12 +203,14 @@ class Deployment:
         #: The requests that resolved this deployment and have not answered yet.
         self.leases = Leases()
 
-    def _counting_hooks(self) -> ModelHooks:
+    def _counting_hooks(self, held: bool = False) -> ModelHooks:
         # An unloaded model object of its own: counting needs the tokenizer, not the weights,
         # and must not share the instances' tokenizers, which are busy on their threads.
         hooks = self._counting
         if hooks is None:
-            with LOADING:  # it builds a model object and its tokenizer: as a load does
+            # It builds a model object and its tokenizer, as a load does: in a turn of its
+            # own, unless its deployment's load holds one (it is built first thing there).
+            with contextlib.nullcontext() if held else LOADING.turn(f"{self.name}'s tokenizer"):
                 hooks = hooks_of(self._factory())
                 if hooks.count_tokens is not None:
                     hooks.count_tokens("")  # builds its tokenizer here, not on the event loop
@@ -243,14 +269,18 @@ class Deployment:
         backoff = RestartBackoff()
         make = self._instance_factory or instance_factory_for(self.config, index)
         while True:
+            # One instance of one model loads at a time, in the order asked (the turn is
+            # taken before anything is awaited): the libraries' lazy imports race, and N
+            # copies loading at once multiply the memory peak (batching.models.loading).
+            turn = LOADING.take(f"model {self.name} instance {index}")
             instance = make(self._factory, device, label)
             try:
-                # One instance loads at a time: N copies loading at once multiply the
-                # memory peak and gain nothing on a machine whose cores the load already uses.
-                async with self._loading:
+                try:
+                    await _arrive(turn)
                     # Built before the model is ready, so that no request waits for it
-                    # behind another model's load (:data:`~batching.models.loading.LOADING`).
-                    await self.counting_hooks()
+                    # behind another model's load.
+                    if self._counting is None:
+                        await asyncio.to_thread(self._counting_hooks, True)
                     if self.config.batching.max_batch_tokens and self.count_tokens is None:
                         self.count_tokens = await asyncio.to_thread(self._token_counter)
                     started = time.perf_counter()
@@ -262,6 +292,8 @@ class Deployment:
                         len(self.config.devices),
                     )
                     info = await instance.start(self.config.batching.max_batch_size)
+                finally:
+                    turn.done()
             except asyncio.CancelledError:
                 instance.close()
                 raise

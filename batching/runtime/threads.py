@@ -12,7 +12,6 @@ from typing import Any, TypeVar
 
 from batching.core.jobs import InstanceLost, Outputs
 from batching.models.engines.cores import Party
-from batching.models.loading import LOADING
 from batching.models.protocol import Model
 
 from .base import InstanceBase, ModelFactory, predict_timed
@@ -60,16 +59,16 @@ class ThreadInstance(InstanceBase):
         return await loop.run_in_executor(self._executor, self._load, max_batch_size)
 
     def _load(self, max_batch_size: int) -> InstanceInfo:
-        with LOADING:  # one model loads at a time: the libraries' lazy imports race
-            model = self._factory()
-            info = load_and_warm(
-                model,
-                self.device,
-                max_batch_size,
-                index=self.index,
-                warmup=self._warmup,
-                on_loaded=self.report_loaded,
-            )
+        # In its deployment's turn to load (batching.models.loading): one model at a time.
+        model = self._factory()
+        info = load_and_warm(
+            model,
+            self.device,
+            max_batch_size,
+            index=self.index,
+            warmup=self._warmup,
+            on_loaded=self.report_loaded,
+        )
         self._model = model
         return info
 

@@ -72,25 +72,31 @@ class Table:
         self.taken.add(key)
         return self.data.get(key, MISSING)
 
-    def integer(self, key: str, default: int) -> int:
-        value = self.optional_integer(key)
+    def integer(self, key: str, default: int, *, maximum: int | None = None) -> int:
+        value = self.optional_integer(key, maximum=maximum)
         return default if value is None else value
 
-    def optional_integer(self, key: str) -> int | None:
+    def optional_integer(self, key: str, *, maximum: int | None = None) -> int | None:
         value = self.get(key)
         if value is MISSING:
             return None
-        if not is_int(value) or value < 1:
-            raise self.error(key, "must be an integer >= 1", value)
+        if not is_int(value) or value < 1 or (maximum is not None and value > maximum):
+            bound = ">= 1" if maximum is None else f"between 1 and {maximum}"
+            raise self.error(key, f"must be an integer {bound}", value)
         return int(value)
 
-    def number(self, key: str, default: float, *, positive: bool = False) -> float:
+    def number(
+        self, key: str, default: float, *, positive: bool = False, maximum: float | None = None
+    ) -> float:
         value = self.get(key)
         if value is MISSING:
             return default
         ok = is_number(value) and (value > 0 if positive else value >= 0)
-        if not ok:
-            raise self.error(key, f"must be a number {'> 0' if positive else '>= 0'}", value)
+        if not ok or (maximum is not None and value > maximum):
+            bound = f"{'> 0' if positive else '>= 0'}"
+            if maximum is not None:
+                bound += f" and at most {maximum:.15g}"
+            raise self.error(key, f"must be a number {bound}", value)
         return float(value)
 
     def string(self, key: str) -> str | None:
@@ -121,6 +127,10 @@ class Table:
                 bound = f"between 1 and max_batch_size ({maximum})" if maximum else ">= 1"
                 raise self.error(key, f"every size must be {bound}", value)
         return tuple(value)
+
+    def nested(self, data: dict[str, Any], path: str) -> Table:
+        """A table of the same file at ``path`` (an element of an array of tables)."""
+        return Table(data, self.file, path, raises=self._raises)
 
     def table(self, key: str) -> Table | None:
         value = self.get(key)

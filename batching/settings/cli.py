@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from batching.config import BatchingConfig, ModelConfig
 from batching.control import MODES, ControlOptions
 from batching.http.connections import ConnectionLimits
-from batching.keys import ApiKeyError, ApiKeys, split_keys
+from batching.keys import ApiKeys
 from batching.models.engines.options import (
     ENGINES,
     PRECISIONS,
@@ -22,16 +22,16 @@ from batching.models.media import DEFAULT_MAX_IMAGE_PIXELS
 from batching.models.prompts import PromptConfigError
 from batching.models.source import ModelSource, ModelSourceError
 from batching.models.tasks.audio import DEFAULT_MAX_SECONDS
-from batching.runtime.cpus import CpuBudget, read_cpu_budget
+from batching.runtime.cpus import CpuBudget, InstanceBudget, read_cpu_budget
 from batching.tls import CLIENT_CERT_MODES, TlsConfig, TlsError, load_certificates
 from batching.tracing.config import TracingConfig, TracingConfigError, tracing_config
 
+from .access import add_key_flags, read_keys
+from .flags import Parser, env_name, repeated, switch
 from .reloads import apply_overrides, repository_reader
 from .repository import RepositoryError, load_repository
 
 __all__ = ["ServerSettings", "build_parser", "parse_settings"]
-
-ENV_PREFIX = "BATCHING_"
 
 #: Triton's gRPC port.
 DEFAULT_GRPC_PORT = 8001
@@ -70,6 +70,9 @@ class ServerSettings:
     tls: TlsConfig | None = None
     #: The API keys every door asks for (``--api-key``, ``--api-key-file``); None: no key.
     api_keys: ApiKeys | None = None
+    #: The keys that may also load and unload models (``--admin-api-key``,
+    #: ``--admin-api-key-file``); None: no admin key (docs/security.md says who may then).
+    admin_keys: ApiKeys | None = None
     #: Origins browsers may call from (``--cors-allow-origin``); none: CORS is off.
     cors_allow_origins: tuple[str, ...] = ()
     #: A second listener on ``host`` for ``/metrics`` and the probes; None: the main port.
@@ -110,54 +113,6 @@ def _on_gpu(model: ModelConfig) -> bool:
     return all(device.startswith("cuda") for device in model.devices)
 
 
-def _env_name(flag: str) -> str:
-    return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
-
-
-class _Parser(argparse.ArgumentParser):
-    def __init__(self, environ: Mapping[str, str], *, prog: str, description: str) -> None:
-        super().__init__(prog=prog, description=description)
-        self.environ = environ
-
-    def flag(
-        self,
-        flag: str,
-        *,
-        help: str,
-        default: object = None,
-        type: Callable[[str], object] = str,
-        choices: Sequence[str] | None = None,
-    ) -> None:
-        env = _env_name(flag)
-        value = self.environ.get(env, default)
-        shown = "" if default is None else f" (default: {default})"
-        self.add_argument(
-            flag,
-            default=value,
-            type=type,
-            choices=choices,
-            help=f"{help}{shown} [env {env}]",
-        )
-
-    def repeated_flag(self, flag: str, *, help: str) -> None:
-        """A flag that may be given several times; its variable twin holds a comma list, used
-        only when the flag is not given."""
-        env = _env_name(flag)
-        self.add_argument(
-            flag,
-            action="append",
-            default=None,
-            help=f"{help} (repeatable) [env {env}, comma-separated]",
-        )
-
-
-def _repeated(given: list[str] | None, flag: str, environ: Mapping[str, str]) -> list[str]:
-    """The values of a repeatable flag: the flags given, else its variable's comma list."""
-    if given is not None:
-        return [value for text in given for value in split_keys(text)]
-    return split_keys(environ.get(_env_name(flag), ""))
-
-
 def _origin(origin: str) -> str:
     """A CORS origin as browsers send it: ``scheme://host[:port]``, or ``*`` for any."""
     if origin == "*":
@@ -172,25 +127,11 @@ def _origin(origin: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def _switch(environ: Mapping[str, str], flag: str) -> bool:
-    """An on/off flag's environment twin: 1/true/yes/on is on, 0/false/no/off/unset is off.
-
-    :raises SystemExit: any other value, naming the variable.
-    """
-    env = _env_name(flag)
-    value = environ.get(env, "").strip().lower()
-    if value in ("", "0", "false", "no", "off"):
-        return False
-    if value in ("1", "true", "yes", "on"):
-        return True
-    raise SystemExit(f"server.py: error: {env} must be 1 or 0 (true or false), not {value!r}")
-
-
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     """The ``server.py`` argument parser; defaults come from ``environ`` (``os.environ``)."""
     environ = os.environ if environ is None else environ
     defaults = BatchingConfig()
-    parser = _Parser(
+    parser = Parser(
         environ,
         prog="server.py",
         description="Serve a transformers/torch model over HTTP with dynamic batching.",
@@ -409,10 +350,10 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     parser.add_argument(
         "--no-truncate",
         action="store_true",
-        default=_switch(environ, "--no-truncate"),
+        default=switch(environ, "--no-truncate"),
         help="embedding models: refuse (413) a text longer than the model's maximum length "
         "instead of cutting it; a request's truncate: true still cuts "
-        f"[env {_env_name('--no-truncate')}=1]",
+        f"[env {env_name('--no-truncate')}=1]",
     )
     parser.flag(
         "--default-prompt-name",
@@ -452,17 +393,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         "optional: HTTP asks for one and verifies it if sent (gRPC cannot ask without "
         "requiring: it takes every TLS client); none: no client certificates",
     )
-    parser.repeated_flag(
-        "--api-key",
-        help="a key every door then asks for (HTTP Authorization: Bearer KEY or api-key: KEY; "
-        "gRPC metadata authorization: Bearer KEY), except the health probes and /metrics; "
-        "prefer --api-key-file, which ps does not show",
-    )
-    parser.flag(
-        "--api-key-file",
-        help="a file of keys, one per line (a mounted Kubernetes Secret): re-read when it "
-        "changes, so keys rotate without a restart; empty or unreadable at start is an error",
-    )
+    add_key_flags(parser)
     parser.repeated_flag(
         "--cors-allow-origin",
         help="an origin (https://app.example.com, or * for any) whose pages may call the "
@@ -480,9 +411,10 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         choices=MODES,
         help="none: the models of the start, for good (load/unload calls answer 400); "
         "explicit: POST /v2/repository/models/NAME/load and .../unload (and gRPC "
-        "RepositoryModelLoad/Unload) load, reload and unload models, with an API key when keys "
-        "are set; poll: the repository is re-read every --repository-poll-secs and its "
-        "changes applied (needs --model-repository)",
+        "RepositoryModelLoad/Unload) load, reload and unload models, with an admin key "
+        "(--admin-api-key; without one, only a server with no keys at all takes them); poll: "
+        "the repository is re-read every --repository-poll-secs and its changes applied "
+        "(needs --model-repository)",
     )
     parser.flag(
         "--repository-poll-secs",
@@ -516,12 +448,12 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     return parser
 
 
-def _devices(device: str, instances: str, cores: int) -> tuple[str, ...]:
+def _devices(device: str, instances: str, budget: InstanceBudget) -> tuple[str, ...]:
     listed = [part.strip() for part in device.split(",") if part.strip()]
     if not listed:
         raise ValueError("--device: give at least one device")
     if instances == "cpu_count":
-        count = cores
+        count = budget.cores
         if any(not item.startswith("cpu") for item in listed):
             raise ValueError("--instances cpu_count only applies to --device cpu")
     else:
@@ -533,6 +465,13 @@ def _devices(device: str, instances: str, cores: int) -> tuple[str, ...]:
             ) from None
         if count < 1:
             raise ValueError("--instances must be >= 1")
+    try:
+        budget.check(count * len(listed))
+    except ValueError as exc:
+        raise ValueError(
+            f"--instances {instances} --device {device}: {count * len(listed)} instances do not "
+            f"fit: {exc}"
+        ) from None
     return tuple(device for _ in range(count) for device in listed)
 
 
@@ -559,6 +498,7 @@ def parse_settings(
     parser = build_parser(environ)
     args = parser.parse_args(argv)
     budget = read_cpu_budget() if cpu_budget is None else cpu_budget
+    instances = InstanceBudget.of(budget)
     if args.model_repository:
         given = {"--model": args.model, "--task": args.task, "--name": args.name}
         single = [flag for flag, value in given.items() if value is not None]
@@ -586,6 +526,10 @@ def parse_settings(
         # One line that says what to fix; the usage text would only bury it.
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     try:
+        devices = _devices(str(args.device), str(args.instances), instances)
+    except ValueError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    try:
         batching = BatchingConfig(
             max_batch_size=int(args.max_batch_size),
             max_queue_delay=float(args.max_queue_delay_ms) / 1000,
@@ -602,7 +546,7 @@ def parse_settings(
             source=args.model,
             task=args.task,
             spec=source,
-            devices=_devices(str(args.device), str(args.instances), budget.cores),
+            devices=devices,
             instance_kind=str(args.instance_kind),
             batching=batching,
             engine=str(args.engine),
@@ -623,7 +567,9 @@ def parse_settings(
     models: tuple[ModelConfig, ...] = (model,)
     if args.model_repository:
         try:
-            models = load_repository(str(args.model_repository), defaults=model)
+            models = load_repository(
+                str(args.model_repository), defaults=model, instances=instances
+            )
         except RepositoryError as exc:
             # The message names the file and key; the usage text would only bury it.
             parser.exit(2, f"{parser.prog}: error: {exc}\n")
@@ -656,18 +602,11 @@ def parse_settings(
         )
     except ValueError as exc:
         parser.error(str(exc))
-    keys = _repeated(args.api_key, "--api-key", environment)
-    api_keys = None
-    if keys or args.api_key_file:
-        try:
-            api_keys = ApiKeys(keys, args.api_key_file or None)
-        except ApiKeyError as exc:
-            # One line that names the flag (and the file), never a key.
-            parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    keys = read_keys(parser, args, environment)
     try:
         origins = tuple(
             _origin(origin)
-            for origin in _repeated(args.cors_allow_origin, "--cors-allow-origin", environment)
+            for origin in repeated(args.cors_allow_origin, "--cors-allow-origin", environment)
         )
     except ValueError as exc:
         parser.error(str(exc))
@@ -679,7 +618,7 @@ def parse_settings(
             f"--metrics-port must be a port number other than --port and --grpc-port: "
             f"{metrics_port}"
         )
-    control = _model_control(parser, args, model)
+    control = _model_control(parser, args, model, instances)
     try:
         tracing = tracing_config(
             args.otlp_endpoint, args.otlp_protocol, args.trace_rate, environment
@@ -703,7 +642,8 @@ def parse_settings(
         connections=connections,
         malloc=str(args.malloc),
         tls=tls,
-        api_keys=api_keys,
+        api_keys=keys.api,
+        admin_keys=keys.admin,
         cors_allow_origins=origins,
         metrics_port=metrics_port,
         model_control=control,
@@ -712,10 +652,14 @@ def parse_settings(
 
 
 def _model_control(
-    parser: argparse.ArgumentParser, args: argparse.Namespace, defaults: ModelConfig
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    defaults: ModelConfig,
+    instances: InstanceBudget,
 ) -> ControlOptions:
     """``--model-control-mode`` and ``--repository-poll-secs``, with the repository they
-    re-read (``--model-repository``; without one, the model of the flags is reloaded)."""
+    re-read (``--model-repository``; without one, the model of the flags is reloaded) and
+    the instance budget of the start, which every load must fit too."""
     mode = str(args.model_control_mode)
     repository = str(args.model_repository) if args.model_repository else None
     if mode == "poll" and repository is None:
@@ -726,8 +670,11 @@ def _model_control(
         return ControlOptions(
             mode=mode,
             poll_seconds=float(args.repository_poll_secs),
-            read_repository=None if repository is None else repository_reader(repository, defaults),
+            read_repository=None
+            if repository is None
+            else repository_reader(repository, defaults, instances),
             apply_overrides=apply_overrides,
+            instances=instances,
         )
     except ValueError as exc:
         parser.error(f"--repository-poll-secs: {exc}")

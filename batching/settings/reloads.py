@@ -9,7 +9,10 @@ repository (the full message goes to the log): an answer never names a path of t
 A load call's ``config`` overrides the file's settings for that one model
 (:func:`apply_overrides`): the keys of ``docs/model-repository.md`` that say how the model is
 batched and run. What the model *is* (``source``, ``task``) and files (``warmup``, which may
-name one) stay the repository's: no request content is ever opened as a path.
+name one) stay the repository's: no request content is ever opened as a path. The call's
+``config`` is read as a ``config.toml`` table is (:func:`~.repository.model_from_table`), with
+the same bounds: sizes within the core's limits, instances within what the instance budget
+leaves beside the other models.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 from batching.config import ModelConfig
 from batching.control import ReadRepository, RepositoryEntry
 from batching.errors import InvalidRequest
+from batching.runtime.cpus import InstanceBudget
 
 from .repository import RepositoryError, load_repository, model_from_table
 
@@ -68,14 +72,17 @@ def source_stamp(config: ModelConfig) -> tuple[tuple[str, int, int], ...]:
     return tuple(sorted(stamps))
 
 
-def repository_reader(path: str, defaults: ModelConfig | None) -> ReadRepository:
+def repository_reader(
+    path: str, defaults: ModelConfig | None, instances: InstanceBudget | None = None
+) -> ReadRepository:
     """Reads the repository at ``path`` afresh each time it is called, with ``defaults``
-    (the command line's flags) for what a model leaves out."""
+    (the command line's flags) for what a model leaves out, its models' instances together
+    within ``instances`` (None: no bound)."""
     root = str(Path(path).resolve())
 
     def read() -> Sequence[RepositoryEntry]:
         try:
-            models = load_repository(path, defaults=defaults)
+            models = load_repository(path, defaults=defaults, instances=instances)
         except RepositoryError as exc:
             logger.warning("model repository: %s", exc)
             message = str(exc).replace(root, "repository").replace(str(path), "repository")
@@ -85,11 +92,15 @@ def repository_reader(path: str, defaults: ModelConfig | None) -> ReadRepository
     return read
 
 
-def apply_overrides(base: ModelConfig, overrides: Mapping[str, Any]) -> ModelConfig:
+def apply_overrides(
+    base: ModelConfig, overrides: Mapping[str, Any], instances: InstanceBudget | None = None
+) -> ModelConfig:
     """``base`` (the model as the repository has it) with a load call's ``config`` applied.
 
+    :param instances: what the model's instances must fit (the budget, less what the other
+        models take); None: no bound.
     :raises InvalidRequest: a key that may not be set, or a value the repository would
-        refuse, named as ``config: <key>``.
+        refuse (over a bound included), named as ``config: <key>``.
     """
     table = dict(overrides)
     name = table.pop("name", base.name)
@@ -112,7 +123,12 @@ def apply_overrides(base: ModelConfig, overrides: Mapping[str, Any]) -> ModelCon
         table["parameters"] = dict(base.parameters)
     try:
         parsed = model_from_table(
-            table, file="config", folder=Path("/"), default_name=base.name, defaults=base
+            table,
+            file="config",
+            folder=Path("/"),
+            default_name=base.name,
+            defaults=base,
+            instances=instances,
         )
     except RepositoryError as exc:
         message = str(exc)

@@ -18,16 +18,24 @@ from typing import Any
 
 from batching.config import (
     ENGINES,
-    INSTANCE_KINDS,
     POLICIES,
     PRECISIONS,
     WARMUP_DATA,
     BatchingConfig,
     ModelConfig,
 )
+from batching.core.config import (
+    MAX_BATCH_SIZE,
+    MAX_BATCH_TOKENS,
+    MAX_ITEMS_PER_REQUEST,
+    MAX_QUEUE_SIZE,
+    MAX_TIMEOUT,
+)
 from batching.models.source import ModelSource, ModelSourceError
+from batching.runtime.cpus import InstanceBudget
 
 from ._toml import MISSING, Table, is_int, show
+from .instances import instance_devices
 
 __all__ = ["RepositoryError", "load_repository", "model_from_table"]
 
@@ -72,6 +80,7 @@ def model_from_table(
     path: str = "",
     own_folder: bool = False,
     defaults: ModelConfig | None = None,
+    instances: InstanceBudget | None = None,
 ) -> ModelConfig:
     """One model's configuration from its parsed TOML table.
 
@@ -82,7 +91,9 @@ def model_from_table(
     :param own_folder: ``folder`` is the model's own folder, served itself when it holds
         ``config.json`` and no source is given.
     :param defaults: values for keys the table leaves out (the command line's flags).
-    :raises RepositoryError: naming ``file`` and the key at fault.
+    :param instances: the budget the model's instances must fit (what the other models
+        leave of it); None: no bound.
+    :raises RepositoryError: naming ``file`` and the key at fault, and the bound it is over.
     """
     base = defaults or ModelConfig(name=default_name)
     base_batching = base.batching
@@ -111,10 +122,12 @@ def model_from_table(
         version = str(version)
     elif not isinstance(version, str) or not version or "/" in version:
         raise top.error("version", "must be a non-empty string without '/'", version)
-    max_batch_size = top.integer("max_batch_size", base_batching.max_batch_size)
+    max_batch_size = top.integer(
+        "max_batch_size", base_batching.max_batch_size, maximum=MAX_BATCH_SIZE
+    )
 
     batching = _batching(top, base_batching, max_batch_size)
-    devices, instance_kind = _instances(top, base)
+    devices, instance_kind = instance_devices(top, base, instances)
     warmup_sizes, warmup_data, warmup_file = _warmup(top, base, folder, max_batch_size)
     engine = top.choice("engine", ENGINES, base.engine)
     precision = top.choice("precision", PRECISIONS, base.precision)
@@ -226,8 +239,10 @@ def _batching(top: Table, base: BatchingConfig, max_batch_size: int) -> Batching
         listed = dynamic.sizes("preferred_batch_size", max_batch_size)
         preferred = preferred if listed is None else listed
         policy = dynamic.choice("policy", POLICIES, policy)
-        latency_ms = dynamic.number("max_latency_ms", latency_ms, positive=True)
-        tokens = dynamic.optional_integer("max_batch_tokens")
+        latency_ms = dynamic.number(
+            "max_latency_ms", latency_ms, positive=True, maximum=MAX_TIMEOUT * 1000
+        )
+        tokens = dynamic.optional_integer("max_batch_tokens", maximum=MAX_BATCH_TOKENS)
         batch_tokens = batch_tokens if tokens is None else tokens
         dynamic.finish(
             (
@@ -241,9 +256,13 @@ def _batching(top: Table, base: BatchingConfig, max_batch_size: int) -> Batching
     queue_size, timeout_ms = base.max_queue_size, base.timeout * 1000
     items_per_request = base.max_items_per_request
     if queue is not None:
-        queue_size = queue.integer("max_queue_size", queue_size)
-        timeout_ms = queue.number("timeout_ms", timeout_ms, positive=True)
-        items_per_request = queue.integer("max_items_per_request", items_per_request)
+        queue_size = queue.integer("max_queue_size", queue_size, maximum=MAX_QUEUE_SIZE)
+        timeout_ms = queue.number(
+            "timeout_ms", timeout_ms, positive=True, maximum=MAX_TIMEOUT * 1000
+        )
+        items_per_request = queue.integer(
+            "max_items_per_request", items_per_request, maximum=MAX_ITEMS_PER_REQUEST
+        )
         queue.finish(("max_queue_size", "timeout_ms", "max_items_per_request"))
     if delay_ms >= timeout_ms:
         if dynamic is not None and "max_queue_delay_ms" in dynamic.data:
@@ -270,61 +289,6 @@ def _batching(top: Table, base: BatchingConfig, max_batch_size: int) -> Batching
         timeout=timeout_ms / 1000,
         max_items_per_request=items_per_request,
     )
-
-
-def _instances(top: Table, base: ModelConfig) -> tuple[tuple[str, ...], str]:
-    groups = top.get("instance_group")
-    if groups is MISSING:
-        return base.devices, base.instance_kind
-    if not isinstance(groups, list) or not all(isinstance(group, dict) for group in groups):
-        raise top.error("instance_group", "must be an array of tables ([[instance_group]])")
-    if not groups:
-        raise top.error("instance_group", "needs at least one group")
-    devices: list[str] = []
-    kinds: list[str] = []
-    for number, data in enumerate(groups):
-        group = Table(
-            data, top.file, f"{top.where('instance_group')}[{number}]", raises=RepositoryError
-        )
-        kind = group.choice("kind", ("cpu", "gpu"), "cpu")
-        count_value = group.get("count")
-        if count_value == "cpu_count":
-            if kind != "cpu":
-                raise group.error("count", '"cpu_count" applies to kind = "cpu" only', count_value)
-            count = os.cpu_count() or 1
-        elif count_value is MISSING:
-            count = 1
-        elif is_int(count_value) and count_value >= 1:
-            count = count_value
-        else:
-            raise group.error("count", 'must be an integer >= 1 or "cpu_count"', count_value)
-        gpus_value = group.get("gpus")
-        if gpus_value is MISSING:
-            gpus = [0]
-        elif kind != "gpu":
-            raise group.error("gpus", 'applies to kind = "gpu" only', gpus_value)
-        elif (
-            not isinstance(gpus_value, list)
-            or not gpus_value
-            or not all(is_int(gpu) and gpu >= 0 for gpu in gpus_value)
-        ):
-            raise group.error("gpus", "must be a non-empty list of integers >= 0", gpus_value)
-        else:
-            gpus = gpus_value
-        execution = group.choice("execution", INSTANCE_KINDS, base.instance_kind)
-        if kinds and execution != kinds[0]:
-            raise group.error(
-                "execution",
-                f"every group of a model must run the same way, and group 0 says {show(kinds[0])}",
-                execution,
-            )
-        kinds.append(execution)
-        group.finish(("count", "kind", "gpus", "execution"))
-        if kind == "cpu":
-            devices.extend("cpu" for _ in range(count))
-        else:
-            devices.extend(f"cuda:{gpu}" for gpu in gpus for _ in range(count))
-    return tuple(devices), kinds[0]
 
 
 def _warmup(
@@ -372,8 +336,15 @@ def _read_toml(file: Path) -> dict[str, Any]:
         raise RepositoryError(f"{file}: cannot be read: {exc.strerror or exc}") from exc
 
 
+#: Reads one repository's models, each with the instance budget the ones before it leave.
+_Reader = Callable[
+    [Path, ModelConfig | None, Callable[[], InstanceBudget | None]],
+    Iterator[tuple[str, ModelConfig]],
+]
+
+
 def _directory_models(
-    root: Path, defaults: ModelConfig | None
+    root: Path, defaults: ModelConfig | None, room: Callable[[], InstanceBudget | None]
 ) -> Iterator[tuple[str, ModelConfig]]:
     if (root / CONFIG_FILE).is_file():
         raise RepositoryError(
@@ -398,11 +369,14 @@ def _directory_models(
             default_name=folder.name,
             own_folder=True,
             defaults=defaults,
+            instances=room(),
         )
         yield str(file), model
 
 
-def _file_models(file: Path, defaults: ModelConfig | None) -> Iterator[tuple[str, ModelConfig]]:
+def _file_models(
+    file: Path, defaults: ModelConfig | None, room: Callable[[], InstanceBudget | None]
+) -> Iterator[tuple[str, ModelConfig]]:
     data = _read_toml(file)
     for key in data:
         if key != "models":
@@ -424,22 +398,27 @@ def _file_models(file: Path, defaults: ModelConfig | None) -> Iterator[tuple[str
             default_name=name,
             path=f"models.{name}",
             defaults=defaults,
+            instances=room(),
         )
         yield f"{file} (models.{name})", model
 
 
 def load_repository(
-    path: str | os.PathLike[str], *, defaults: ModelConfig | None = None
+    path: str | os.PathLike[str],
+    *,
+    defaults: ModelConfig | None = None,
+    instances: InstanceBudget | None = None,
 ) -> tuple[ModelConfig, ...]:
     """Every model of the repository at ``path``: a directory of model folders, or one
     ``.toml`` file (the module docstring describes both).
 
     :param defaults: values for keys a model leaves out (its ``name`` and ``source`` are
         ignored); the built-in defaults when None.
+    :param instances: the budget every model's instances, together, must fit; None: no bound.
     :raises RepositoryError: for anything that cannot be served, naming file and key.
     """
     root = Path(path)
-    read: Callable[[Path, ModelConfig | None], Iterator[tuple[str, ModelConfig]]]
+    read: _Reader
     if root.is_dir():
         read = _directory_models
     elif root.is_file() and root.suffix == ".toml":
@@ -450,7 +429,12 @@ def load_repository(
         raise RepositoryError(f"{root}: no such directory or file")
     seen: dict[str, str] = {}
     models: list[ModelConfig] = []
-    for where, model in read(root, defaults):
+
+    def room() -> InstanceBudget | None:
+        used = sum(len(model.devices) for model in models)
+        return None if instances is None else instances.beside(instances.used + used)
+
+    for where, model in read(root, defaults, room):
         if model.name in seen:
             raise RepositoryError(
                 f"{where}: name: {show(model.name)} is already the name of the model in "

@@ -24,8 +24,14 @@ class VersionModel:
     predict_gate: threading.Event | None = None
     #: Set each time a batch reaches ``predict``.
     entered: threading.Event = threading.Event()
+    #: How many times a copy began to load (each class counts its own).
+    loads = 0
+    #: Set when a copy begins to load.
+    began: threading.Event = threading.Event()
 
     def load(self, device: str) -> None:
+        type(self).loads += 1
+        type(self).began.set()
         gate = type(self).load_gate
         if gate is not None and not gate.wait(timeout=60):
             raise TimeoutError("never allowed to load")
@@ -47,11 +53,13 @@ class VersionModel:
 class VersionOne(VersionModel):
     VERSION = "1"
     entered = threading.Event()
+    began = threading.Event()
 
 
 class VersionTwo(VersionModel):
     VERSION = "2"
     entered = threading.Event()
+    began = threading.Event()
 
 
 class BrokenVersion(VersionModel):
@@ -80,5 +88,7 @@ def reset() -> None:
     for cls in (VersionModel, VersionOne, VersionTwo, BrokenVersion, HeavyModel):
         cls.load_gate = None
         cls.predict_gate = None
-    VersionOne.entered.clear()
-    VersionTwo.entered.clear()
+        cls.loads = 0
+    for version in (VersionOne, VersionTwo):
+        version.entered.clear()
+        version.began.clear()

@@ -65,7 +65,8 @@ class Retaker:
         if not self.rule.due(True, now, plan.last_batch_at, others):
             return True
         before = plan.decision
-        with LOADING:  # not beside a model's load: its imports, and its use of the cores
+        # Not beside a model's load: its imports, and its use of the cores.
+        with LOADING.turn("engines measured again"):
             try:
                 fresh = self.remeasure()
             except Exception as exc:

@@ -11,8 +11,10 @@ error. An unload takes the model out of the collection (new requests get 404), s
 accepted, stops the instances and tells the host, which can give the memory back
 (:func:`batching.runtime.collector.release_unloaded_objects`).
 
-What the repository holds, and a load call's overrides, are the settings' business: the app
-is given :class:`ControlOptions` with two callables, so that nothing here reads a file.
+Who may call: the doors hand :meth:`ModelControl.authorize` the key the call presents, and
+the server's keys (:class:`batching.keys.AccessKeys`) say whether it may load and unload. A
+load's instances must fit the instance budget beside the other models' (those served and those
+loading), checked before anything starts.
 """
 
 from __future__ import annotations
@@ -20,84 +22,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine, Hashable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Coroutine, Hashable, Mapping, Sequence
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
 from batching.config import ModelConfig
-from batching.errors import BatchingError, InvalidRequest, LoadFailed, ModelNotFound
+from batching.errors import (
+    BatchingError,
+    InvalidRequest,
+    LoadFailed,
+    ModelNotFound,
+    PermissionDenied,
+)
+from batching.keys import AccessKeys
+from batching.runtime.cpus import InstanceBudget
 from batching.runtime.deployment import Deployment
 from batching.runtime.warmup import InstanceInfo
 from batching.service import Deployments
 
-__all__ = [
-    "MODES",
-    "ControlOptions",
-    "MakeDeployment",
-    "ModelControl",
-    "RepositoryEntry",
-    "StateCollector",
-    "model_states",
-]
+from .options import ControlOptions, MakeDeployment
+
+__all__ = ["ModelControl"]
 
 logger = logging.getLogger("batching")
-
-#: ``--model-control-mode``: none (the models of the start, for good), explicit (load and
-#: unload calls), poll (the repository, re-read every ``--repository-poll-secs``).
-MODES = ("none", "explicit", "poll")
-
-#: The states the repository index, readiness and ``batching_model_state`` show.
-STATES = ("LOADING", "READY", "UNLOADING", "UNAVAILABLE")
-
-
-@dataclass(frozen=True, slots=True)
-class RepositoryEntry:
-    """One model the repository holds, as read now."""
-
-    config: ModelConfig
-    #: Changes when the model's files change (poll mode reloads the model then).
-    stamp: Hashable = None
-
-
-#: Reads the repository afresh. Raises :class:`InvalidRequest` with a message that names no
-#: path of the machine when it cannot be served.
-ReadRepository = Callable[[], Sequence[RepositoryEntry]]
-
-#: A model's configuration with a load call's ``config`` applied; raises
-#: :class:`InvalidRequest` naming the key at fault.
-ApplyOverrides = Callable[[ModelConfig, Mapping[str, Any]], ModelConfig]
-
-OnReady = Callable[[Deployment, int, InstanceInfo], None]
-OnFailure = Callable[[Deployment, int, str], None]
-
-#: Builds an unstarted deployment of a configuration, which calls the first callable each
-#: time an instance is warm and the second when one cannot load.
-MakeDeployment = Callable[[ModelConfig, OnReady, OnFailure], Deployment]
-
-
-@dataclass(frozen=True, slots=True)
-class ControlOptions:
-    """What the app needs to change its models at run time."""
-
-    mode: str = "none"
-    #: Seconds between two reads of the repository in poll mode.
-    poll_seconds: float = 15.0
-    #: The repository as it is now; None: only the models of the start can be (re)loaded.
-    read_repository: ReadRepository | None = None
-    #: Applies a load call's ``config``; None: a load call takes no ``config``.
-    apply_overrides: ApplyOverrides | None = None
-    #: Called once an unloaded or replaced model is stopped and dropped: the host may then
-    #: give its memory back (the garbage collector, ``malloc_trim``).
-    on_released: Callable[[], None] | None = None
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"model control mode must be one of {', '.join(MODES)}: {self.mode}")
-        if self.poll_seconds <= 0:
-            raise ValueError(f"the repository poll interval must be > 0 s: {self.poll_seconds}")
 
 
 class ModelControl:
@@ -109,6 +55,8 @@ class ModelControl:
     :param grace: seconds a retiring deployment's accepted requests may take to finish.
     :param started: the configurations the app started with (what can be reloaded when there
         is no repository to read).
+    :param keys: the server's keys, which say who may load and unload; none: everyone may
+        (a server without keys).
     """
 
     def __init__(
@@ -119,8 +67,10 @@ class ModelControl:
         *,
         grace: float,
         started: Sequence[ModelConfig] = (),
+        keys: AccessKeys | None = None,
     ) -> None:
         self.deployments = deployments
+        self.keys = keys if keys is not None else AccessKeys()
         self.options = options
         self.mode = options.mode
         self._make = make
@@ -135,6 +85,8 @@ class ModelControl:
         self._seen: dict[str, tuple[ModelConfig, Hashable]] = {}
         #: The index entry of each name's last failure or unload, until it is loaded again.
         self._last: dict[str, object] = {}
+        #: The loads under way (accepted, not yet served or failed): their name and instances.
+        self._claims: dict[object, tuple[str, int]] = {}
 
     # -- the calls -----------------------------------------------------------------------
 
@@ -156,22 +108,57 @@ class ModelControl:
             "unload models at run time"
         )
 
+    def authorize(self, credential: str | None) -> None:
+        """Refuse a load or unload call the mode forbids, or whose caller may not make it.
+
+        :param credential: the key the call presents, if any.
+        :raises InvalidRequest: the mode is not ``explicit`` (:meth:`check_allowed`).
+        :raises PermissionDenied: the key is not an admin key (or the server has none).
+        """
+        self.check_allowed()
+        refusal = self.keys.control_refusal(credential)
+        if refusal is not None:
+            raise PermissionDenied(refusal)
+
     async def load(self, name: str, overrides: Mapping[str, Any] | None = None) -> None:
         """Load ``name`` from the repository (with ``overrides`` applied), or reload it if it
         is served: the call returns once the new version serves.
 
-        :raises InvalidRequest: the mode forbids it, or the configuration cannot be served.
+        :raises InvalidRequest: the mode forbids it, or the configuration cannot be served
+            (its instances do not fit beside the other models' included), before anything
+            is started.
         :raises ModelNotFound: the repository holds no such model.
         :raises LoadFailed: the model did not load; what served before still serves.
         """
         self.check_allowed()
         config = await self._config_of(name)
+        room = self._room_beside(name)
         if overrides:
             if self.options.apply_overrides is None:
                 raise InvalidRequest("this server takes no config in a load call")
-            config = self.options.apply_overrides(config, overrides)
+            config = self.options.apply_overrides(config, overrides, room)
+        try:
+            room.check(len(config.devices))
+        except ValueError as exc:
+            where = "config: instance_group" if overrides else "instance_group"
+            raise InvalidRequest(
+                f"{where}: model {name!r} asks for {len(config.devices)} instances: {exc}"
+            ) from None
+        # Claimed now, before anything awaits, so that a load beside it counts these; given
+        # back when the load is done, however it ends.
+        claim = object()
+        self._claims[claim] = (name, len(config.devices))
         # Owned here, not by the call: a client that hangs up does not cancel a load halfway.
-        await asyncio.shield(self._spawn(self._load_locked(config)))
+        task = self._spawn(self._load_locked(config))
+        task.add_done_callback(lambda _: self._claims.pop(claim, None))
+        await asyncio.shield(task)
+
+    def _room_beside(self, name: str) -> InstanceBudget:
+        """The instance budget with what the other models take: those served and those
+        loading (the version ``name`` replaces goes once the new one serves)."""
+        used = sum(len(d.config.devices) for d in self.deployments if d.name != name)
+        used += sum(count for other, count in self._claims.values() if other != name)
+        return self.options.instances.beside(used)
 
     async def unload(self, name: str) -> None:
         """Stop serving ``name``: new requests get 404 at once; the call returns once the
@@ -186,7 +173,12 @@ class ModelControl:
     # -- poll mode -----------------------------------------------------------------------
 
     def start(self) -> None:
-        """In poll mode, read the repository every ``poll_seconds`` from now on."""
+        """In poll mode, read the repository every ``poll_seconds`` from now on. In explicit
+        mode, say who may load and unload when it is everyone or no one."""
+        if self.mode == "explicit":
+            warning = self.keys.control_warning()
+            if warning is not None:
+                logger.warning("model control: %s", warning)
         if self.mode != "poll" or self.options.read_repository is None:
             return
         try:
@@ -410,52 +402,3 @@ class ModelControl:
     def _release(self) -> None:
         if self.options.on_released is not None:
             self.options.on_released()
-
-
-def model_states(deployments: Deployments) -> list[dict[str, Any]]:
-    """Every model and version the server knows of, with its state and, when it is not
-    ready, why: the served ones (READY; LOADING until warm or while an instance restarts;
-    UNAVAILABLE when their load failed), then the others (loading beside a served version,
-    unloading, unloaded, failed at run time). A ready model also says the resident memory its
-    instances' loads added (``memory_mb``)."""
-    states: list[dict[str, Any]] = []
-    for deployment in deployments:
-        entry: dict[str, Any] = {"name": deployment.name, "version": deployment.config.version}
-        if deployment.ready:
-            entry["state"] = "READY"
-            entry["memory_mb"] = round(sum(deployment.memory_bytes.values()) / 2**20, 1)
-        elif deployment.load_error_class:
-            # Never the load error's text, which may hold paths: its class, and where to look.
-            entry["state"] = "UNAVAILABLE"
-            entry["reason"] = (
-                f"failed to load ({deployment.load_error_class}; the server log has the details)"
-            )
-        else:
-            entry["state"] = "LOADING"
-            entry["reason"] = "loading"
-        states.append(entry)
-    states.extend(dict(entry) for entry in deployments.others.values())
-    return states
-
-
-class StateCollector(Collector):
-    """``batching_model_state{model,version,state}``: 1 for each model version in each of its
-    states now (a version loading beside its served copy is in two), read at the scrape."""
-
-    def __init__(self, deployments: Deployments) -> None:
-        self.deployments = deployments
-
-    def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(
-            "batching_model_state",
-            "Models and versions by state (LOADING, READY, UNLOADING, UNAVAILABLE): 1 for each "
-            "state a version is in",
-            labels=["model", "version", "state"],
-        )
-        seen: set[tuple[str, str, str]] = set()
-        for entry in model_states(self.deployments):
-            labels = (entry["name"], entry["version"], entry["state"])
-            if labels not in seen:
-                seen.add(labels)
-                family.add_metric(list(labels), 1.0)
-        yield family
