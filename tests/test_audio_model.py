@@ -334,7 +334,7 @@ def test_a_folder_without_a_feature_extractor_is_refused_at_start(
     folder = tmp_path / "bare"
     folder.mkdir()
     (folder / "config.json").write_bytes((folders[CLASSIFY] / "config.json").read_bytes())
-    with pytest.raises(ModelSourceError, match="no preprocessor_config.json"):
+    with pytest.raises(ModelSourceError, match="has neither preprocessor_config.json nor "):
         ModelSource.parse(str(folder), CLASSIFY)
 
 

@@ -21,6 +21,7 @@ from tritonclient.utils import InferenceServerException
 from batching import BatchingConfig, ModelConfig, create_app
 from tests.support.generators import (
     GPT2_POSITIONS,
+    SEQ2SEQ_MAX_INPUT,
     bart_folder,
     causal_reference,
     completion_of,
@@ -279,6 +280,21 @@ def test_the_v2_metadata_lists_this_models_parameters(server: tuple[str, str]) -
     translation = httpx.get(f"{url}/v2/models/t5").json()["parameters"]
     assert translation["tgt_lang"]["choices"] == ["de", "fr"]
     assert "return_full_text" not in translation
+
+
+def test_both_doors_state_each_models_longest_input(server: tuple[str, str]) -> None:
+    url, target = server
+    # GPT-2: its positions (prompt and new tokens); BART and T5: their tokenizers' limit.
+    limits = {"gpt2": GPT2_POSITIONS, "bart": SEQ2SEQ_MAX_INPUT, "t5": SEQ2SEQ_MAX_INPUT}
+    with triton_http.InferenceServerClient(url.removeprefix("http://")) as http:
+        for model, limit in limits.items():
+            assert http.get_model_metadata(model)["max_seq_length"] == limit
+            config = http.get_model_config(model)
+            assert config["parameters"]["max_seq_length"] == {"string_value": str(limit)}
+    with triton_grpc.InferenceServerClient(target) as grpc:
+        for model, limit in limits.items():
+            config = grpc.get_model_config(model, as_json=True)["config"]
+            assert config["parameters"]["max_seq_length"] == {"string_value": str(limit)}
 
 
 def test_too_many_stop_strings_is_a_422_that_fails_no_batch_mate(server: tuple[str, str]) -> None:

@@ -19,6 +19,8 @@ from batching.settings.cli import parse_settings
 from tests.support.audio import classifier_folder as audio_classifier_folder
 from tests.support.audio import ctc_folder
 from tests.support.tiny import classifier_folder, encoder_folder, masked_folder
+from tests.support.vision import classifier_folder as image_classifier_folder
+from tests.support.vision import clip_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,9 +32,15 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def audio_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The audio tasks check their folder at start (a feature extractor; CTC for speech)."""
+    """The audio and image tasks check their folder at start (a feature extractor or an image
+    processor; CTC for speech)."""
     root = tmp_path_factory.mktemp("table-audio")
-    return {ASR: str(ctc_folder(root)), CLASSIFY: str(audio_classifier_folder(root))}
+    return {
+        ASR: str(ctc_folder(root)),
+        CLASSIFY: str(audio_classifier_folder(root)),
+        "image-classification": str(image_classifier_folder(root)),
+        "image-text-embedding": str(clip_folder(root)),
+    }
 
 
 def test_every_row_names_a_class_that_serves_it_and_its_parameters() -> None:

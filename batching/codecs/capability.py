@@ -12,6 +12,7 @@ from typing import Any
 from batching.core.config import BatchingConfig
 from batching.errors import InvalidRequest
 from batching.models.items import EMBEDDING_KEY
+from batching.models.protocol import MAX_SEQ_LENGTH_KEY
 
 __all__ = [
     "DEFAULT_PER_TOKEN_CAP",
@@ -54,8 +55,11 @@ def _positive(value: Any) -> int | None:
 
 
 def max_seq_length(metadata: Mapping[str, Any]) -> int | None:
-    """The tokens the model runs per text at most (special tokens included), if it says."""
-    return _positive(embedding_of(metadata).get("max_seq_length"))
+    """The tokens the model runs per text at most (special tokens included), if it says: its
+    metadata's ``max_seq_length``, else its ``"embedding"`` description's. Every door reads
+    the limit here."""
+    stated = _positive(metadata.get(MAX_SEQ_LENGTH_KEY))
+    return stated if stated is not None else _positive(embedding_of(metadata).get("max_seq_length"))
 
 
 def vocab_size(metadata: Mapping[str, Any]) -> int | None:

@@ -39,6 +39,8 @@ import numpy as np
 from batching.errors import InferenceFailed, InvalidRequest, PayloadTooLarge
 from batching.models.items import EMBEDDING_KEY, EmbedItem, Encoding
 
+from .capability import max_seq_length
+
 __all__ = [
     "BASE64_SUFFIX",
     "COMPACT",
@@ -360,9 +362,7 @@ def plan_embedding(
         raise _not_applied(
             model, encoding_name, options.wire_encoding, f"its encodings are {', '.join(encodings)}"
         )
-    max_length = info.get("max_seq_length")
-    if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 1:
-        max_length = None
+    max_length = max_seq_length(metadata)
 
     compact = options.encoding != "float"
     # Shortening float vectors stays the door's (the fast path keeps plain strings); a compact

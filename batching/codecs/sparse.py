@@ -24,6 +24,7 @@ from batching.models.items import EMBEDDING_KEY, EmbedItem, SparseVector
 from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
 
+from .capability import max_seq_length
 from .embed_options import INPUT_TYPE_ALIASES, OptionError, TextTooLong, read_options
 from .plain import check_texts
 
@@ -31,7 +32,6 @@ __all__ = [
     "KEYS",
     "check_truncation",
     "OPTIONS",
-    "max_length_of",
     "options_request",
     "refuse_overlong",
     "SparseRequest",
@@ -243,13 +243,6 @@ def encode_sparse(vectors: list[SparseVector], return_tokens: bool) -> bytes:
     return orjson.dumps(answer)
 
 
-def max_length_of(metadata: Mapping[str, Any]) -> int | None:
-    """The model's max length in tokens, as its ``"embedding"`` metadata says."""
-    described = metadata.get(EMBEDDING_KEY)
-    length = described.get("max_seq_length") if isinstance(described, Mapping) else None
-    return length if isinstance(length, int) and not isinstance(length, bool) else None
-
-
 async def check_truncation(
     plane: DataPlane, deployment: Deployment, parameters: Mapping[str, Any], items: list[Any]
 ) -> None:
@@ -264,7 +257,7 @@ async def check_truncation(
     asked = parameters.get("truncate")
     if (deployment.config.truncate if asked is None else asked) is not False:
         return
-    limit = max_length_of(deployment.metadata)
+    limit = max_seq_length(deployment.metadata)
     if limit is None:
         return
     counts = await plane.count_tokens(deployment, items, limit=limit + 1)

@@ -16,9 +16,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from batching.codecs.capability import max_seq_length
 from batching.codecs.sparse import (
     encode_sparse,
-    max_length_of,
     parse_sparse_request,
     refuse_overlong,
     serves_sparse,
@@ -85,7 +85,7 @@ def sparse_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
                 # Its prompts and limits are known once it has loaded.
                 raise NotReady(f"model {deployment.name!r} is loading", retry_after=1.0)
             items: list[Any] = sparse_items(parsed, metadata)
-            limit = max_length_of(metadata)
+            limit = max_seq_length(metadata)
             truncate = deployment.config.truncate if parsed.truncate is None else parsed.truncate
             counts = await plane.count_tokens(
                 deployment,

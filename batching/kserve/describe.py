@@ -17,10 +17,12 @@ from typing import Any
 
 import orjson
 
+from batching.codecs.capability import max_seq_length
 from batching.config import ModelConfig
 from batching.control import model_states
 from batching.metrics import Duration, ModelEvents, ModelStatistics
 from batching.models.parameters import PARAMETERS_KEY
+from batching.models.protocol import MAX_SEQ_LENGTH_KEY
 from batching.runtime.deployment import Deployment
 from batching.service import Deployments
 
@@ -123,6 +125,11 @@ def model_metadata(deployment: Deployment) -> dict[str, Any]:
         "inputs": tensors("inputs"),
         "outputs": tensors("outputs"),
     }
+    length = max_seq_length(deployment.metadata)
+    if length is not None:
+        # The most tokens a text input is read with (a longer one is cut to it, or refused
+        # where the request says truncate: false); not a v2 field.
+        described[MAX_SEQ_LENGTH_KEY] = length
     per_token = token_output_metadata(deployment)
     if per_token:
         # Outputs a request gets only by naming them: clients that ask for every listed
@@ -264,6 +271,7 @@ def model_config(deployment: Deployment) -> dict[str, Any]:
                 "queue_close_ratio": batching.queue_close_ratio,
                 "instance_kind": config.instance_kind,
                 "devices": ",".join(config.devices),
+                MAX_SEQ_LENGTH_KEY: max_seq_length(deployment.metadata),
                 **_engine_parameters(deployment),
                 **_embedding_parameters(deployment),
                 **ragged_parameters(deployment),

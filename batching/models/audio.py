@@ -33,6 +33,7 @@ from batching.errors import InvalidRequest
 from ._torch import WEIGHTS_LOADING, read_json, resolve_device
 from .engines.options import EngineOptions
 from .parameters import PARAMETERS_KEY, Param, TaskItem
+from .processors import FEATURE_EXTRACTOR, processor_settings
 from .tasks.audio import (
     ASR,
     AUDIO_CLASSIFICATION,
@@ -66,8 +67,9 @@ class AudioModel:
     """One audio task over a local model folder (see the module's docstring).
 
     :param task: ``automatic-speech-recognition`` or ``audio-classification``.
-    :param path: the folder: weights, ``config.json``, ``preprocessor_config.json`` (the
-        feature extractor) and, for speech recognition, the tokenizer.
+    :param path: the folder: weights, ``config.json``, the feature extractor
+        (``preprocessor_config.json``, or a processor's ``processor_config.json``) and, for
+        speech recognition, the tokenizer.
     :param engine: accepted as every task's model is built; the audio tasks run on torch,
         fp32 (the settings refuse another engine or precision for them).
     :param max_seconds: the longest audio an input may hold (413 beyond).
@@ -90,8 +92,7 @@ class AudioModel:
             raise ValueError(f"model folder {str(self.path)!r} does not exist")
         self.max_seconds = float(max_seconds)
         self._config: dict[str, Any] = read_json(self.path / "config.json")
-        preprocessor = self.path / "preprocessor_config.json"
-        extractor = read_json(preprocessor) if preprocessor.is_file() else {}
+        extractor = processor_settings(self.path, FEATURE_EXTRACTOR) or {}
         #: The rate the feature extractor hears, known before loading (for the metadata).
         self.rate = int(extractor.get("sampling_rate") or 16_000)
         self._pipeline: Any = None

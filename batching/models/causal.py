@@ -23,6 +23,7 @@ from .generation import MAX_NEW_TOKENS_CAP, Settings, cut_at_stop
 from .generator import Generator, Prompt
 from .parameters import Param
 from .tasks.generation import TEXT_GENERATION
+from .texts import max_length_of
 
 __all__ = ["TextGenerator"]
 
@@ -36,17 +37,12 @@ class TextGenerator(Generator):
     answer_key: ClassVar[str] = "generated_text"
 
     def positions(self) -> int:
-        """The longest sequence (prompt and new tokens) the model takes."""
-        limits = [
-            limit
-            for limit in (
-                getattr(self.config, "max_position_embeddings", None),
-                getattr(self.config, "n_positions", None),
-                self.tokenizer_limit() if self._tokenizer is not None else None,
-            )
-            if isinstance(limit, int) and limit > 0
-        ]
-        return min(limits, default=MAX_NEW_TOKENS_CAP + 1)
+        """The longest sequence (prompt and new tokens) the model takes: the smaller of its
+        positions and its tokenizer's limit."""
+        return max_length_of(self._tokenizer, self.config, default=MAX_NEW_TOKENS_CAP + 1)
+
+    def input_length(self) -> int:
+        return self.positions()
 
     def max_new_tokens_limit(self) -> int:
         # At least one prompt token must fit.
@@ -80,10 +76,6 @@ class TextGenerator(Generator):
             )
         tokenizer.padding_side = "left"
         tokenizer.truncation_side = "left"
-
-    def load(self, device: str) -> None:
-        super().load(device)
-        self.max_seq_length = self.positions()
 
     def decode_batch(self) -> DecodeBatch:
         """An empty running batch for iteration-level decoding on this instance.

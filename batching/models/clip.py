@@ -94,7 +94,9 @@ class ImageTextEmbedder:
         self._processor: Any = None
         self._tokenizer: Any = None
         self._device = torch.device("cpu")
-        self._max_length = 77
+        #: The longest text in tokens: CLIP's 77 until the tokenizer and the text tower's
+        #: positions say (:func:`~.texts.max_length_of`).
+        self.max_seq_length = 77
         self.width: int | None = self._config.get("projection_dim")
 
     def load(self, device: str) -> None:
@@ -116,7 +118,7 @@ class ImageTextEmbedder:
         is never loaded), with the longest text it may give the model."""
         if self._tokenizer is None:
             tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.path))
-            self._max_length = max_length_of(tokenizer, self._config.get("text_config") or {})
+            self.max_seq_length = max_length_of(tokenizer, self._config.get("text_config") or {})
             self._tokenizer = tokenizer
         return self._tokenizer
 
@@ -134,7 +136,7 @@ class ImageTextEmbedder:
                     [text for _, text in texts],
                     padding=True,
                     truncation=True,
-                    max_length=self._max_length,
+                    max_length=self.max_seq_length,
                     return_tensors="pt",
                 ).to(self._device)
                 features = model.get_text_features(
@@ -153,7 +155,7 @@ class ImageTextEmbedder:
         text, _ = _split(item)
         if text is None:
             return 1
-        ids = self._tokenizer_ready()(text, truncation=True, max_length=self._max_length)[
+        ids = self._tokenizer_ready()(text, truncation=True, max_length=self.max_seq_length)[
             "input_ids"
         ]
         return len(ids)

@@ -41,11 +41,9 @@ from .generation import (
 )
 from .parameters import PARAMETERS_KEY, Param, Parameters, TaskItem
 from .tasks.generation import CHAT_TEMPLATE_KEY
+from .texts import DEFAULT_MAX_LENGTH, LazyCounter
 
 __all__ = ["Generator", "Prompt"]
-
-# A tokenizer without a configured limit reports a huge sentinel as model_max_length.
-_NO_LIMIT = 1_000_000
 
 
 @dataclass(slots=True)
@@ -88,7 +86,7 @@ class Generator:
         self._model: Any = None
         self._tokenizer: Any = None
         self._device = torch.device("cpu")
-        self._counter: TokenCounter | None = None
+        self._counting = LazyCounter(self.path)
         self.defaults = Defaults()
         self.params: dict[str, Param] = {}
         #: The longest input in tokens (before the room generation needs, for decoders).
@@ -106,6 +104,11 @@ class Generator:
 
     def input_limit(self, settings: Settings) -> int:
         """The most tokens an input may have with ``settings``."""
+        raise NotImplementedError
+
+    def input_length(self) -> int:
+        """The longest input in tokens, once loaded (:func:`~.texts.max_length_of`; for a
+        decoder, its positions: the input and the new tokens together)."""
         raise NotImplementedError
 
     def declared(self) -> tuple[Param, ...]:
@@ -146,6 +149,7 @@ class Generator:
         model.eval()
         self._model, self._tokenizer = model, tokenizer
         self.configure(model)
+        self.max_seq_length = self._counting.max_length = self.input_length()
         self.defaults = Defaults.of(model.generation_config, self.default_length_bound())
         self.params = self.model_params(
             generation_params(self.declared(), self.defaults, self.max_new_tokens_limit())
@@ -153,10 +157,6 @@ class Generator:
 
     def configure(self, model: Any) -> None:
         """Adjust the loaded model's generation config for this task (task settings)."""
-
-    def tokenizer_limit(self) -> int | None:
-        limit = getattr(self._tokenizer, "model_max_length", None)
-        return limit if isinstance(limit, int) and 0 < limit < _NO_LIMIT else None
 
     # -- serving ----------------------------------------------------------------------------
 
@@ -256,10 +256,7 @@ class Generator:
         return item if isinstance(item, str) else None
 
     def _token_counter(self) -> TokenCounter:
-        counter = self._counter
-        if counter is None:
-            counter = self._counter = TokenCounter(self.path, self.max_seq_length)
-        return counter
+        return self._counting.counter()
 
     def count_tokens(self, item: Any) -> int:
         """The tokens an item costs in a batch: its input (at most the model's length) and
@@ -283,7 +280,7 @@ class Generator:
         and at the batch cap from a short one: a model that cannot generate never reports
         ready."""
         short: Parameters = (("max_new_tokens", 2),)
-        long_text = warmup_text(max(16, (self.max_seq_length or 512) + 8))
+        long_text = warmup_text(max(16, (self.max_seq_length or DEFAULT_MAX_LENGTH) + 8))
         batches = [[TaskItem(long_text, short)]]
         if max_batch_size > 1:
             batches.append([TaskItem(warmup_text(16), short)] * max_batch_size)

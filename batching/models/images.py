@@ -27,6 +27,7 @@ from ._torch import WEIGHTS_LOADING, resolve_device
 from .engines.options import EngineOptions
 from .imaging import decode_image, sample_png
 from .parameters import PARAMETERS_KEY, TaskItem
+from .processors import IMAGE_PROCESSOR, missing_processor
 from .protocol import warmup_batches
 from .tasks.images import IMAGE_CLASSIFICATION as PARAMETERS
 from .tasks.images import TOP_K
@@ -73,7 +74,8 @@ class ImageClassifier:
     """``image-classification``: one ``[{"label", "score"}, ...]`` list per image, best first.
 
     :param task: ``image-classification`` (the task table builds every task's model alike).
-    :param path: the model folder (config, weights and the image processor's config).
+    :param path: the model folder (config, weights and the image processor, saved alone or
+        in its processor's ``processor_config.json``).
     :param engine: torch fp32 is the only engine of this task (the start-up checks refuse
         another), so it is not read.
     """
@@ -99,10 +101,7 @@ class ImageClassifier:
                 "image-classification", model=str(self.path), device=self._device
             )
         if getattr(pipe, "image_processor", None) is None:
-            raise ValueError(
-                f"{self.path} has no image processor (preprocessor_config.json): save the "
-                "model's image processor beside its weights"
-            )
+            raise ValueError(missing_processor(self.path, IMAGE_PROCESSOR, IMAGE_CLASSIFICATION))
         pipe.model.eval()
         self._pipeline = pipe
 

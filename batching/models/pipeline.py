@@ -21,7 +21,6 @@ from ._torch import (
     calibration_texts,
     encode,
     encode_and_run,
-    max_length_of,
     mean_pool,
     read_json,
     require_strings,
@@ -38,7 +37,7 @@ from .parameters import PARAMETERS_KEY, Param, TaskItem, group_by_parameters
 from .protocol import warmup_batches
 from .tasks.table import declared as declared_parameters
 from .tasks.table import resolve_task
-from .texts import LazyCounter
+from .texts import DEFAULT_MAX_LENGTH, LazyCounter
 
 __all__ = ["PipelineModel"]
 
@@ -135,8 +134,9 @@ class PipelineModel:
         self._plan: EnginePlan | None = None
         self._tokenizer: Any = None
         self._device = torch.device("cpu")
-        self._max_length = 512
-        self._counter = LazyCounter(self.path, None)
+        #: The longest text input in tokens (:func:`~.texts.max_length_of`, once loaded).
+        self.max_seq_length = DEFAULT_MAX_LENGTH
+        self._counter = LazyCounter(self.path)
         config_path = self.path / "config.json"
         self._config: dict[str, Any] = read_json(config_path) if config_path.is_file() else {}
 
@@ -155,11 +155,11 @@ class PipelineModel:
         pipe.model.eval()
         tokenizer = getattr(pipe, "tokenizer", None)
         if tokenizer is not None:
-            self._max_length = max_length_of(tokenizer, self._config)
+            self.max_seq_length = self._counter.resolve(tokenizer, self._config)
             if self.task == "token-classification":
                 # Its pipeline truncates at the tokenizer's model_max_length alone, which a
                 # folder may leave unset: a long text would overflow the position table.
-                tokenizer.model_max_length = self._max_length
+                tokenizer.model_max_length = self.max_seq_length
         head, measure = _ENGINE_TASKS.get(self.task, ("base", None))
         original = pipe.model
         self._pipeline, self._tokenizer = pipe, tokenizer
@@ -184,7 +184,7 @@ class PipelineModel:
             pipe.model = LogitsModel(self._plan, original, self.task)
 
     def _encode(self, texts: list[str], pairs: list[str] | None = None) -> Any:
-        return encode(self._tokenizer, texts, self._max_length, self._device, pairs)
+        return encode(self._tokenizer, texts, self.max_seq_length, self._device, pairs)
 
     def _mask(self) -> str:
         mask: str | None = getattr(self._tokenizer, "mask_token", None)
@@ -194,7 +194,7 @@ class PipelineModel:
 
     def _calibration(self) -> list[Any]:
         prefix = f"{self._mask()} " if self.task == "fill-mask" else ""
-        texts = calibration_texts(min(self._max_length, 512) - 8, prefix)
+        texts = calibration_texts(min(self.max_seq_length, 512) - 8, prefix)
         batches = [self._encode(texts), self._encode(texts[-1:])]
         if self.takes_pairs:
             batches.append(self._encode(texts, list(reversed(texts))))
@@ -202,7 +202,7 @@ class PipelineModel:
 
     def _sample(self, size: int) -> Any:
         prefix = f"{self._mask()} " if self.task == "fill-mask" else ""
-        return self._encode([prefix + warmup_text(self._max_length)] * size)
+        return self._encode([prefix + warmup_text(self.max_seq_length)] * size)
 
     def _view(self, output: torch.Tensor, encoded: Any) -> np.ndarray:
         output = torch.as_tensor(output)  # ONNX Runtime and OpenVINO answer in numpy
@@ -215,7 +215,7 @@ class PipelineModel:
 
     def _call_kwargs(self) -> dict[str, Any]:
         """Truncation for the tasks that accept tokenizer options, unless the user set them."""
-        truncate = {"truncation": True, "max_length": self._max_length}
+        truncate = {"truncation": True, "max_length": self.max_seq_length}
         if self.task == "text-classification" and "truncation" not in self.pipeline_kwargs:
             return truncate
         if self.task == "fill-mask" and "tokenizer_kwargs" not in self.pipeline_kwargs:
@@ -258,7 +258,7 @@ class PipelineModel:
                 # The request had its mask token (the data plane checks that before it is
                 # queued), so truncation at the model's limit cut it off.
                 raise UnprocessableInput(
-                    f"the {self._mask()} token is beyond this model's {self._max_length}-token "
+                    f"the {self._mask()} token is beyond this model's {self.max_seq_length}-token "
                     "limit, so truncating the text removed it: put it earlier or send less text"
                 ) from exc
             raise
@@ -305,7 +305,7 @@ class PipelineModel:
         assert self._plan is not None  # loaded with the pipeline
         with torch.inference_mode():
             hidden, mask = encode_and_run(
-                pipe.tokenizer, self._plan, list(inputs), self._max_length, self._device
+                pipe.tokenizer, self._plan, list(inputs), self.max_seq_length, self._device
             )
             pooled = mean_pool(hidden, mask)
         return to_numpy(pooled)
@@ -346,7 +346,7 @@ class PipelineModel:
         """
         if not self.is_text:
             raise ValueError(f"{self.task}: this model cannot make a warm-up input of its kind")
-        length = self._max_length if self._pipeline is not None else 512
+        length = self.max_seq_length
         if self.task == "fill-mask":
             mask = self._mask_token()
             if mask is None:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # for annotations only: importing this module imports no nump
 
 __all__ = [
     "EXPANDS_KEY",
+    "MAX_SEQ_LENGTH_KEY",
     "Model",
     "ModelBase",
     "ModelHooks",
@@ -68,14 +69,15 @@ class ModelBase:
       tokens reported as usage by the OpenAI-compatible doors.
     - :meth:`token_length`: how long an input is before truncation, for request limits.
     - :meth:`metadata`: the v2 description of inputs and outputs.
-    - :attr:`max_seq_length`: the longest text input, in tokens, for generated warm-up text.
+    - :attr:`max_seq_length`: the longest text input, in tokens (what a longer one is cut
+      to), for generated warm-up text; the model's metadata states it.
     - :meth:`expand` and :meth:`join`: one request item as several units of batching (a text
       and each of its candidate labels), and its answer assembled from theirs; called by the
       data plane on a worker thread, for every door, and by the warm-up.
     """
 
-    #: The longest text input in tokens; the "random" warm-up writes that many words.
-    #: None: not a text model, or no limit known.
+    #: The longest text input in tokens; the "random" warm-up writes that many words, and
+    #: the model metadata says it. None: not a text model, or no limit known.
     max_seq_length: int | None = None
 
     def load(self, device: str) -> None:
@@ -149,6 +151,9 @@ class ModelBase:
 #: The metadata key by which a model says its items are expanded (:meth:`ModelBase.expand`):
 #: the data plane then asks its hooks for every request.
 EXPANDS_KEY = "expands"
+#: The metadata key stating the model's :attr:`ModelBase.max_seq_length` (the runtime adds
+#: it, once the model has loaded, to the metadata of a model that describes itself).
+MAX_SEQ_LENGTH_KEY = "max_seq_length"
 
 
 @dataclass(frozen=True, slots=True)

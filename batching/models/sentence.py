@@ -38,7 +38,7 @@ from .pooling import LEGACY_POOLING_FLAGS, POOLING_MODES, pool
 from .prompts import PromptOptions, read_prompts
 from .protocol import warmup_batches
 from .quantize import CALIBRATION_COUNT, Calibration, calibration_sentences, quantize, shorten
-from .texts import TokenCounter, calibration_texts, max_length_of, read_json, warmup_text
+from .texts import LazyCounter, TokenCounter, calibration_texts, read_json, warmup_text
 from .tokenizer_json import FILE as TOKENIZER_JSON
 from .tokenizer_json import JsonTokenizer, matches
 
@@ -108,9 +108,10 @@ class SentenceEmbedder:
         st_config_path = self.path / "sentence_bert_config.json"
         st_config = read_json(st_config_path) if st_config_path.is_file() else {}
         self._lowercase = bool(st_config.get("do_lower_case", False))
-        # None until known: resolved against the tokenizer on first use, as
-        # sentence-transformers does when its config names no length.
-        self._max_seq_length: int | None = max_seq_length or st_config.get("max_seq_length")
+        # The length is resolved against the tokenizer and the position table on first use:
+        # the folder's (or the operator's) max_seq_length when it is the smallest.
+        declared = max_seq_length or st_config.get("max_seq_length")
+        self._counting = LazyCounter(self.path, declared if isinstance(declared, int) else None)
         self.prompts = read_prompts(self.path, prompt, self.name)
         self._default_prompt = self.prompts.default
 
@@ -130,7 +131,6 @@ class SentenceEmbedder:
         self._model: EnginePlan | None = None
         self._tokenizer: Any = None
         self._transformers_tokenizer: Any = None
-        self._counter: TokenCounter | None = None
         self._quantization: Calibration | None = None
         self._prompt_lengths: dict[str, int] = {}
 
@@ -172,28 +172,24 @@ class SentenceEmbedder:
 
     @property
     def max_seq_length(self) -> int:
-        if self._max_seq_length is None:
-            self._max_seq_length = self._token_counter().max_length
-        return self._max_seq_length
+        return self._counting.resolved_max_length(self._counting_tokenizer)
 
     def _token_counter(self) -> TokenCounter:
-        # Built lazily and without a lock: a race builds two equal counters and one wins, and
-        # keeping locks out of the object keeps it picklable for process-based instances.
-        counter = self._counter
-        if counter is None:
-            # Its own tokenizer object: the counter changes its backend's settings. The folder's
-            # tokenizer.json where this model tokenises with it, or (unloaded: the server's
-            # counting object) where its engine is not torch, which would load transformers.
-            json_tokenizer = (
-                isinstance(self._tokenizer, JsonTokenizer)
-                if self._tokenizer is not None
-                else self.engine.apart
-                and self.engine.engine != "torch"
-                and (self.path / TOKENIZER_JSON).is_file()
-            )
-            own = JsonTokenizer(self.path) if json_tokenizer else None
-            counter = self._counter = TokenCounter(self.path, self._max_seq_length, own)
-        return counter
+        return self._counting.counter(self._counting_tokenizer)
+
+    def _counting_tokenizer(self) -> Any:
+        """The counter's own tokenizer object (it changes its backend's settings): the
+        folder's tokenizer.json where this model tokenises with it, or (unloaded: the server's
+        counting object) where its engine is not torch, which would load transformers; None:
+        transformers'."""
+        json_tokenizer = (
+            isinstance(self._tokenizer, JsonTokenizer)
+            if self._tokenizer is not None
+            else self.engine.apart
+            and self.engine.engine != "torch"
+            and (self.path / TOKENIZER_JSON).is_file()
+        )
+        return JsonTokenizer(self.path) if json_tokenizer else None
 
     def load(self, device: str) -> None:
         device = device.strip()
@@ -201,13 +197,13 @@ class SentenceEmbedder:
             from ._torch import resolve_device  # checks the spelling; CUDA needs torch
 
             self._device = str(resolve_device(device))
-        if self._max_seq_length is None:
+        if self._counting.max_length is None:
             tokenizer = (
                 JsonTokenizer(self.path)
                 if (self.path / TOKENIZER_JSON).is_file()
                 else self._reference_tokenizer()
             )
-            self._max_seq_length = max_length_of(tokenizer, self._config)
+            self._counting.resolve(tokenizer, self._config)
         apart = self.engine.apart and self.engine.engine != "torch" and self._device == "cpu"
         self._model = select_engine(
             self._job(functools.partial(_measure_apart, self._arguments) if apart else None)

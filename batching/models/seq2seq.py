@@ -32,6 +32,7 @@ from .generator import Generator, Prompt
 from .parameters import Param, TaskItem
 from .seq2seq_decoding import Seq2SeqDecodeBatch
 from .tasks.generation import SUMMARIZATION, TEXT2TEXT_GENERATION, TRANSLATION, pair_of
+from .texts import DEFAULT_MAX_LENGTH, max_length_of, position_limit
 
 __all__ = ["Seq2SeqGenerator"]
 
@@ -124,10 +125,13 @@ class Seq2SeqGenerator(Generator):
             and model.generation_config.max_new_tokens is None
         ):
             model.generation_config.max_new_tokens = length - 1
-        self.max_seq_length = self.tokenizer_limit() or _positions(self.config) or 512
+
+    def input_length(self) -> int:
+        # The encoder's positions bound it even where the tokenizer allows more.
+        return max_length_of(self._tokenizer, self.config)
 
     def max_new_tokens_limit(self) -> int:
-        positions = _positions(self.config)
+        positions = position_limit(self.config)
         return (
             MAX_NEW_TOKENS_CAP
             if positions is None
@@ -135,12 +139,12 @@ class Seq2SeqGenerator(Generator):
         )
 
     def input_limit(self, settings: Settings) -> int:
-        return self.max_seq_length or 512
+        return self.max_seq_length or DEFAULT_MAX_LENGTH
 
     def positions(self) -> int:
         """The most tokens a sequence may hold: its longest input and longest answer (the
         streaming doors' default token budget is ``max_batch_size`` of these)."""
-        return (self.max_seq_length or 512) + self.max_new_tokens_limit()
+        return (self.max_seq_length or DEFAULT_MAX_LENGTH) + self.max_new_tokens_limit()
 
     def decode_batch(self) -> Seq2SeqDecodeBatch:
         """An empty running batch for iteration-level decoding on this instance (the
@@ -209,11 +213,6 @@ class Seq2SeqGenerator(Generator):
     def answer(self, prompt: Prompt, new_ids: list[int]) -> dict[str, Any]:
         text = super().answer(prompt, new_ids)[self.answer_key]
         return {self.answer_key_of: text}
-
-
-def _positions(config: Any) -> int | None:
-    limit = getattr(config, "max_position_embeddings", None)
-    return limit if isinstance(limit, int) and limit > 0 else None
 
 
 def _pairs(pairs: dict[tuple[str, str], Any]) -> str:

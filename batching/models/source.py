@@ -19,6 +19,7 @@ from typing import Literal
 from .default import DEFAULT_MODEL_NAME, default_model_path
 from .engines.options import EngineOptions
 from .nli import ZERO_SHOT_TASK, check_nli_folder
+from .processors import check_processor
 from .prompts import PromptConfigError, PromptOptions, read_prompts
 from .protocol import Model
 from .splade import SPARSE_TASK, is_sparse_folder, read_layout
@@ -101,11 +102,14 @@ class ModelSource:
                 except ValueError as exc:
                     raise ModelSourceError(f"--model {model}: {exc}") from None
             if task is not None:
-                if task in AUDIO_TASKS:
-                    try:
+                processor = row_of(task).processor
+                try:
+                    if processor is not None:
+                        check_processor(path, processor, task)
+                    if task in AUDIO_TASKS:
                         check_audio_folder(path, task)
-                    except ValueError as exc:
-                        raise ModelSourceError(str(exc)) from None
+                except ValueError as exc:
+                    raise ModelSourceError(str(exc)) from None
                 return cls("pipeline", str(path.resolve()), task)
             if (path / "modules.json").is_file():
                 return cls("sentence-transformers", str(path.resolve()))

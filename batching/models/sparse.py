@@ -18,7 +18,6 @@ from ._torch import (
     calibration_texts,
     encode,
     load_eval,
-    max_length_of,
     read_json,
     resolve_device,
     to_numpy,
@@ -82,8 +81,7 @@ class SparseEmbedder:
     def load(self, device: str) -> None:
         self._device = resolve_device(device)
         self._tokenizer = transformers.AutoTokenizer.from_pretrained(str(self._folder))
-        if self._counting.max_length is None:
-            self._counting.max_length = max_length_of(self._tokenizer, self._config)
+        self._counting.resolve(self._tokenizer, self._config)
         self._plan = select_engine(
             EngineJob(
                 options=self.engine,

@@ -4,19 +4,39 @@ takes, token counting for the batcher, and the texts that warm up and calibrate 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "DEFAULT_MAX_LENGTH",
+    "NO_LIMIT",
+    "LazyCounter",
     "TokenCounter",
     "calibration_texts",
     "max_length_of",
+    "position_limit",
     "read_json",
     "warmup_text",
 ]
 
-# A tokenizer without a configured limit reports a huge sentinel as model_max_length.
-_NO_LIMIT = 1_000_000
+#: A tokenizer without a configured limit reports a huge sentinel as ``model_max_length``
+#: (transformers' ``int(1e30)``): anything this large or larger is no limit.
+NO_LIMIT = 1_000_000
+#: The longest input of a model whose tokenizer and config name no limit.
+DEFAULT_MAX_LENGTH = 512
+
+#: The families whose position ids start after the padding index (RoBERTa's scheme): a table
+#: of ``max_position_embeddings`` rows holds ``pad_token_id + 1`` fewer tokens (514: 512).
+#: BART's learned offset and M2M100's are inside the table: their ``max_position_embeddings``
+#: is the count of tokens.
+_PADDING_OFFSET = frozenset(
+    {
+        *("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text"),
+        *("roberta-prelayernorm", "xmod", "ibert", "longformer", "mpnet", "luke", "lilt"),
+        *("markuplm", "layoutlmv3"),
+    }
+)
 
 _WARMUP_WORDS = (
     "the",
@@ -44,18 +64,59 @@ def read_json(path: Path) -> Any:
         return json.load(handle)
 
 
-def max_length_of(tokenizer: Any, config: dict[str, Any]) -> int:
-    """The longest input the model accepts: the smaller of the tokenizer's and the position
-    table's limits (sentence-transformers' rule when its config names no length)."""
+def _limit(value: Any) -> int | None:
+    """``value`` when it is a real limit: a positive int below :data:`NO_LIMIT`."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < NO_LIMIT:
+        return value
+    return None
+
+
+def position_limit(config: Any) -> int | None:
+    """The most tokens the model's position table takes, from its config (``config.json``
+    as read, or a transformers config object): ``max_position_embeddings``, or GPT-2's
+    ``n_positions``, whichever is smaller, less ``pad_token_id + 1`` in the RoBERTa-style
+    families (:data:`_PADDING_OFFSET`). None: the config names no bound (T5's relative
+    positions)."""
+    if not isinstance(config, Mapping):
+        to_dict = getattr(config, "to_dict", None)
+        config = to_dict() if callable(to_dict) else {}
+    tables = [
+        limit
+        for limit in (_limit(config.get(key)) for key in ("max_position_embeddings", "n_positions"))
+        if limit is not None
+    ]
+    if not tables:
+        return None
+    positions = min(tables)
+    if config.get("model_type") in _PADDING_OFFSET:
+        pad = config.get("pad_token_id")
+        positions -= (pad if isinstance(pad, int) and pad >= 0 else 1) + 1
+    return positions if positions > 0 else None
+
+
+def max_length_of(
+    tokenizer: Any,
+    config: Any,
+    declared: int | None = None,
+    default: int = DEFAULT_MAX_LENGTH,
+) -> int:
+    """The longest input the model takes, in tokens (special tokens included): the smallest
+    real limit of ``declared`` (sentence-transformers' ``max_seq_length``, or the operator's),
+    the tokenizer's ``model_max_length`` (unless it is transformers' sentinel for none) and
+    the model's positions (:func:`position_limit`); ``default`` when none is known.
+
+    Every text model computes its limit here, so a tokenizer that allows more than the
+    model's position table (or names no limit) never lets a long text reach the model."""
     limits = [
         limit
         for limit in (
-            getattr(tokenizer, "model_max_length", None),
-            config.get("max_position_embeddings"),
+            _limit(declared),
+            _limit(getattr(tokenizer, "model_max_length", None)),
+            position_limit(config),
         )
-        if isinstance(limit, int) and 0 < limit < _NO_LIMIT
+        if limit is not None
     ]
-    return min(limits, default=512)
+    return min(limits, default=default)
 
 
 class TokenCounter:
@@ -81,7 +142,9 @@ class TokenCounter:
             tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
         config_path = path / "config.json"
         config = read_json(config_path) if config_path.is_file() else {}
-        self.max_length = max_length if max_length is not None else max_length_of(tokenizer, config)
+        # ``max_length`` is an upper bound (the model's, or a declared one): never past what
+        # the tokenizer and the position table allow.
+        self.max_length = max_length_of(tokenizer, config, max_length)
         self.mask_token: str | None = getattr(tokenizer, "mask_token", None)
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._backend: Any = None
@@ -149,28 +212,44 @@ class TokenCounter:
 
 class LazyCounter:
     """A model's :class:`TokenCounter`, built the first time it is asked for, and its max
-    length: the model's own once it knows it, else the counter's.
+    length (:func:`max_length_of`): resolved by the model at load from its own tokenizer, else
+    by the counter.
 
     Lock-free: two threads that race build two equal counters and one is kept (the event loop
     may count before the instance has loaded); without a lock, the model stays picklable for
     process instances.
+
+    :param declared: a limit the folder or the operator sets (sentence-transformers'
+        ``max_seq_length``); the resolved length is never above it.
     """
 
-    def __init__(self, path: Path, max_length: int | None) -> None:
+    def __init__(self, path: Path, declared: int | None = None) -> None:
         self.path = path
+        self.declared = declared
         #: The model's max length; None until it is known (then the counter's is used).
-        self.max_length = max_length
+        self.max_length: int | None = None
         self._counter: TokenCounter | None = None
 
-    def counter(self) -> TokenCounter:
+    def counter(self, tokenizer: Callable[[], Any] | None = None) -> TokenCounter:
+        """The counter (``tokenizer``: called when it is built, for the tokenizer object it
+        takes; None, or None returned: transformers' for the folder)."""
         counter = self._counter
         if counter is None:
-            counter = self._counter = TokenCounter(self.path, self.max_length)
+            bound = self.declared if self.max_length is None else self.max_length
+            own = tokenizer() if tokenizer is not None else None
+            counter = self._counter = TokenCounter(self.path, bound, own)
         return counter
 
-    def resolved_max_length(self) -> int:
+    def resolve(self, tokenizer: Any, config: Any) -> int:
+        """The max length from the model's loaded ``tokenizer`` and ``config``, kept."""
+        self.max_length = max_length_of(tokenizer, config, self.declared)
+        return self.max_length
+
+    def resolved_max_length(self, tokenizer: Callable[[], Any] | None = None) -> int:
+        """The max length, from the counter (built with ``tokenizer``) until the model
+        resolves it."""
         if self.max_length is None:
-            self.max_length = self.counter().max_length
+            self.max_length = self.counter(tokenizer).max_length
         return self.max_length
 
 

@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
+from .texts import NO_LIMIT
+
 __all__ = ["FILE", "JsonTokenizer", "matches"]
 
 FILE = "tokenizer.json"
@@ -49,8 +51,6 @@ _CLEAN_UP = (
     (" 've", "'ve"),
     (" 're", "'re"),
 )
-# A tokenizer config without a limit says so with a huge number.
-_NO_LIMIT = 1_000_000
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -87,7 +87,7 @@ class JsonTokenizer:
         }
         limit = config.get("model_max_length")
         self.model_max_length: int = (
-            int(limit) if isinstance(limit, int | float) and 0 < limit < _NO_LIMIT else _NO_LIMIT
+            int(limit) if isinstance(limit, int | float) and 0 < limit < NO_LIMIT else NO_LIMIT
         )
         self.padding_side: str = str(config.get("padding_side") or "right")
         self.truncation_side: str = str(config.get("truncation_side") or "right")

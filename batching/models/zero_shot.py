@@ -24,7 +24,6 @@ from ._torch import (
     TokenCounter,
     calibration_texts,
     load_eval,
-    max_length_of,
     read_json,
     resolve_device,
     to_numpy,
@@ -81,7 +80,7 @@ class ZeroShotModel:
         self._device = torch.device("cpu")
         self._plan: EnginePlan | None = None
         self._tokenizer: Any = None
-        self._counting = LazyCounter(self.path, None)
+        self._counting = LazyCounter(self.path)
 
     @property
     def max_seq_length(self) -> int:
@@ -96,7 +95,7 @@ class ZeroShotModel:
         if self._tokenizer.pad_token is None:
             # As the pipeline does: pairs of a batch are padded to the longest.
             self._tokenizer.pad_token = self._tokenizer.eos_token
-        self._counting.max_length = max_length_of(self._tokenizer, self._config)
+        self._counting.resolve(self._tokenizer, self._config)
         self._plan = select_engine(
             EngineJob(
                 options=self.engine,

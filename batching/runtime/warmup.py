@@ -22,7 +22,13 @@ from batching.models.parameters import (
     check_parameters,
     declared_parameters,
 )
-from batching.models.protocol import EXPANDS_KEY, Model, hooks_of, load_model
+from batching.models.protocol import (
+    EXPANDS_KEY,
+    MAX_SEQ_LENGTH_KEY,
+    Model,
+    hooks_of,
+    load_model,
+)
 
 from .allocator import trim
 
@@ -300,8 +306,13 @@ def load_and_warm(
         if len(outputs) != len(batch):
             raise RuntimeError(f"{where} returned {len(outputs)} outputs")
     warmed = time.perf_counter()
-    describe = hooks_of(model).metadata
-    metadata = dict(describe()) if describe is not None else {}
+    hooks = hooks_of(model)
+    metadata: dict[str, Any] = {}
+    if hooks.metadata is not None:
+        metadata = dict(hooks.metadata())
+        if hooks.max_seq_length is not None:
+            # What a longer text is cut to, as the model's own attribute says it.
+            metadata.setdefault(MAX_SEQ_LENGTH_KEY, hooks.max_seq_length)
     grown = resident_bytes() - resident if resident else 0
     return InstanceInfo(
         loaded - started,

@@ -44,28 +44,42 @@ def wav2vec2_config(norm: str = "layer", **extra: object) -> transformers.Wav2Ve
     return transformers.Wav2Vec2Config(**{**settings, **extra})
 
 
-def _extractor(folder: Path) -> None:
-    transformers.Wav2Vec2FeatureExtractor(
+def _feature_extractor() -> transformers.Wav2Vec2FeatureExtractor:
+    return transformers.Wav2Vec2FeatureExtractor(
         feature_size=1,
         sampling_rate=RATE,
         padding_value=0.0,
         do_normalize=True,
         return_attention_mask=True,
-    ).save_pretrained(folder)
+    )
 
 
-def ctc_folder(root: Path, name: str = "asr", norm: str = "layer") -> Path:
-    """A Wav2Vec2ForCTC folder with its feature extractor and a character tokenizer."""
+def _extractor(folder: Path) -> None:
+    _feature_extractor().save_pretrained(folder)
+
+
+def ctc_folder(
+    root: Path, name: str = "asr", norm: str = "layer", *, processor: bool = False
+) -> Path:
+    """A Wav2Vec2ForCTC folder with its feature extractor and a character tokenizer, each
+    saved alone, or with ``processor`` as one ``Wav2Vec2Processor`` (whose
+    ``processor_config.json`` holds the feature extractor: no ``preprocessor_config.json``)."""
     folder = root / name
     torch.manual_seed(3)
     config = wav2vec2_config(norm)
     transformers.Wav2Vec2ForCTC(config).save_pretrained(folder)
-    _extractor(folder)
     vocab = root / f"{name}-vocab.json"
     vocab.write_text(json.dumps({token: index for index, token in enumerate(VOCAB)}))
-    transformers.Wav2Vec2CTCTokenizer(
+    tokenizer = transformers.Wav2Vec2CTCTokenizer(
         str(vocab), unk_token="<unk>", pad_token="<pad>", word_delimiter_token="|"
-    ).save_pretrained(folder)
+    )
+    if processor:
+        transformers.Wav2Vec2Processor(
+            feature_extractor=_feature_extractor(), tokenizer=tokenizer
+        ).save_pretrained(folder)
+        return folder
+    _extractor(folder)
+    tokenizer.save_pretrained(folder)
     return folder
 
 

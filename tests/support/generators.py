@@ -33,13 +33,17 @@ def _byte_level_files(folder: Path, specials: list[str]) -> tuple[str, str]:
     return vocab, merges
 
 
-def gpt2_folder(root: Path, name: str = "gpt2") -> Path:
-    """A GPT-2 whose tokenizer has no pad token, as GPT-2's own has none."""
+def gpt2_folder(
+    root: Path, name: str = "gpt2", *, model_max_length: int | None = GPT2_POSITIONS
+) -> Path:
+    """A GPT-2 whose tokenizer has no pad token, as GPT-2's own has none; its tokenizer's
+    ``model_max_length`` (None: it names no limit)."""
     folder = root / name
     vocab, merges = _byte_level_files(folder, ["<|endoftext|>"])
     tokenizer = transformers.GPT2Tokenizer(vocab=vocab, merges=merges)
     assert tokenizer.pad_token is None
-    tokenizer.model_max_length = GPT2_POSITIONS
+    if model_max_length is not None:
+        tokenizer.model_max_length = model_max_length
     tokenizer.save_pretrained(folder)
     eos = tokenizer.eos_token_id
     config = transformers.GPT2Config(
@@ -94,12 +98,20 @@ def t5_folder(root: Path, name: str = "t5") -> Path:
     return folder
 
 
-def bart_folder(root: Path, name: str = "bart") -> Path:
-    """A BART with BART's own tokenizer class."""
+def bart_folder(
+    root: Path,
+    name: str = "bart",
+    *,
+    model_max_length: int | None = SEQ2SEQ_MAX_INPUT,
+    positions: int = 64,
+) -> Path:
+    """A BART with BART's own tokenizer class: its tokenizer's ``model_max_length`` (None: it
+    names no limit) and ``positions`` (``max_position_embeddings``)."""
     folder = root / name
     vocab, merges = _byte_level_files(folder, ["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
     tokenizer = transformers.BartTokenizer(vocab=vocab, merges=merges)
-    tokenizer.model_max_length = SEQ2SEQ_MAX_INPUT
+    if model_max_length is not None:
+        tokenizer.model_max_length = model_max_length
     tokenizer.save_pretrained(folder)
     config = transformers.BartConfig(
         vocab_size=len(tokenizer),
@@ -110,7 +122,7 @@ def bart_folder(root: Path, name: str = "bart") -> Path:
         decoder_attention_heads=2,
         encoder_ffn_dim=37,
         decoder_ffn_dim=37,
-        max_position_embeddings=64,
+        max_position_embeddings=positions,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,

@@ -42,11 +42,16 @@ def bert_config(**extra: Any) -> transformers.BertConfig:
     )
 
 
-def _tokenizer(folder: Path, root: Path) -> None:
+def _tokenizer(folder: Path, root: Path, model_max_length: int | None = None) -> None:
+    """A word-piece tokenizer over the test words; ``model_max_length`` None: it names no
+    limit (transformers saves its sentinel)."""
     vocab = root / "vocab.txt"
     if not vocab.is_file():
         vocab.write_text("\n".join(SPECIALS + WORDS) + "\n")
-    transformers.BertTokenizerFast(vocab=str(vocab), do_lower_case=True).save_pretrained(folder)
+    limit = {} if model_max_length is None else {"model_max_length": model_max_length}
+    transformers.BertTokenizerFast(vocab=str(vocab), do_lower_case=True, **limit).save_pretrained(
+        folder
+    )
 
 
 def sentence_folder(
@@ -58,16 +63,19 @@ def sentence_folder(
     include_prompt: bool = True,
     prompts: dict[str, str] | None = None,
     default_prompt_name: str | None = None,
+    max_seq_length: int = ST_MAX_SEQ,
+    model_max_length: int | None = None,
 ) -> Path:
     """A sentence-transformers folder: mean pooling (or ``pooling``), and Normalize when
     ``normalize``; ``prompts`` and ``default_prompt_name`` go to
-    ``config_sentence_transformers.json``."""
+    ``config_sentence_transformers.json``, ``max_seq_length`` to ``sentence_bert_config.json``,
+    ``model_max_length`` to the tokenizer (None: it names no limit)."""
     folder = root / name
     torch.manual_seed(1)
     transformers.BertModel(bert_config()).save_pretrained(folder)
-    _tokenizer(folder, root)
+    _tokenizer(folder, root, model_max_length)
     (folder / "sentence_bert_config.json").write_text(
-        json.dumps({"max_seq_length": ST_MAX_SEQ, "do_lower_case": False})
+        json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False})
     )
     _st_files(folder, normalize, pooling, include_prompt, prompts, default_prompt_name)
     return folder
@@ -167,15 +175,61 @@ def encoder_folder(root: Path, name: str = "base") -> Path:
     return folder
 
 
-def classifier_folder(root: Path, name: str, labels: list[str], seed: int = 0) -> Path:
-    """A sequence classifier with ``labels`` (one label: a single-logit cross-encoder)."""
+def classifier_folder(
+    root: Path,
+    name: str,
+    labels: list[str],
+    seed: int = 0,
+    *,
+    model_max_length: int | None = None,
+) -> Path:
+    """A sequence classifier with ``labels`` (one label: a single-logit cross-encoder); its
+    tokenizer's ``model_max_length`` (None: it names no limit)."""
     folder = root / name
     torch.manual_seed(seed)
     config = bert_config(
         id2label=dict(enumerate(labels)), label2id={label: i for i, label in enumerate(labels)}
     )
     transformers.BertForSequenceClassification(config).save_pretrained(folder)
+    _tokenizer(folder, root, model_max_length)
+    return folder
+
+
+def roberta_classifier_folder(root: Path, name: str, labels: list[str]) -> Path:
+    """A RoBERTa sequence classifier, whose position ids start after the padding index: a
+    table of ``POSITIONS + 1`` rows (pad id 0) holds :data:`POSITIONS` tokens. Its tokenizer
+    names no limit."""
+    folder = root / name
+    torch.manual_seed(6)
+    config = transformers.RobertaConfig(
+        vocab_size=len(SPECIALS) + len(WORDS),
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=37,
+        max_position_embeddings=POSITIONS + 1,
+        pad_token_id=0,
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+    )
+    transformers.RobertaForSequenceClassification(config).save_pretrained(folder)
     _tokenizer(folder, root)
+    return folder
+
+
+def saved_sentence_folder(root: Path, name: str, max_seq_length: int) -> Path:
+    """A sentence-transformers folder saved by sentence-transformers itself (Transformer, mean
+    Pooling, Normalize) over :func:`encoder_folder`, with ``max_seq_length`` (which it keeps
+    as the tokenizer's ``model_max_length``)."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    encoder = encoder_folder(root, f"{name}-encoder")
+    transformer = Transformer(str(encoder), max_seq_length=max_seq_length)
+    folder = root / name
+    SentenceTransformer(modules=[transformer, Pooling(HIDDEN, "mean"), Normalize()]).save(
+        str(folder)
+    )
     return folder
 
 

@@ -21,8 +21,20 @@ LABELS = ["cat", "dog", "bird", "fish", "tree", "car"]
 WORDS = ["a", "photo", "of", "the", "cat", "dog", "bird", "red", "blue", "car", "tree"]
 
 
-def classifier_folder(root: Path, name: str = "vit") -> Path:
-    """A ViT image classifier over :data:`LABELS`, 32x32 inputs."""
+class ImageOnlyProcessor(transformers.ProcessorMixin):
+    """A processor of one part, an image processor: saved, its ``processor_config.json``
+    holds the image processor (and no ``preprocessor_config.json`` is written)."""
+
+    attributes = ["image_processor"]
+    image_processor_class = "AutoImageProcessor"
+
+    def __init__(self, image_processor: object) -> None:
+        super().__init__(image_processor)
+
+
+def classifier_folder(root: Path, name: str = "vit", *, processor: bool = False) -> Path:
+    """A ViT image classifier over :data:`LABELS`, 32x32 inputs; its image processor saved
+    alone, or with ``processor`` inside a processor's ``processor_config.json``."""
     folder = root / name
     torch.manual_seed(3)
     config = transformers.ViTConfig(
@@ -37,7 +49,11 @@ def classifier_folder(root: Path, name: str = "vit") -> Path:
         label2id={label: index for index, label in enumerate(LABELS)},
     )
     transformers.ViTForImageClassification(config).save_pretrained(folder)
-    transformers.ViTImageProcessor(size={"height": SIZE, "width": SIZE}).save_pretrained(folder)
+    image_processor = transformers.ViTImageProcessor(size={"height": SIZE, "width": SIZE})
+    if processor:
+        ImageOnlyProcessor(image_processor).save_pretrained(folder)
+    else:
+        image_processor.save_pretrained(folder)
     return folder
 
 
@@ -49,9 +65,10 @@ def _clip_tokenizer(folder: Path) -> transformers.BertTokenizerFast:
     return transformers.BertTokenizerFast(vocab=str(vocab), do_lower_case=True)
 
 
-def clip_folder(root: Path, name: str = "clip") -> Path:
+def clip_folder(root: Path, name: str = "clip", *, processor: bool = False) -> Path:
     """A CLIP model (text and vision towers, 16-dimensional projections), its tokenizer and
-    its image processor."""
+    its image processor, saved apart, or with ``processor`` as one ``CLIPProcessor`` (whose
+    ``processor_config.json`` holds the image processor)."""
     folder = root / name
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = _clip_tokenizer(folder)
@@ -80,10 +97,16 @@ def clip_folder(root: Path, name: str = "clip") -> Path:
     )
     transformers.CLIPModel(config).save_pretrained(folder)
     tokenizer.model_max_length = 32
-    tokenizer.save_pretrained(folder)
-    transformers.CLIPImageProcessor(
+    image_processor = transformers.CLIPImageProcessor(
         size={"shortest_edge": SIZE}, crop_size={"height": SIZE, "width": SIZE}
-    ).save_pretrained(folder)
+    )
+    if processor:
+        transformers.CLIPProcessor(
+            image_processor=image_processor, tokenizer=tokenizer
+        ).save_pretrained(folder)
+        return folder
+    tokenizer.save_pretrained(folder)
+    image_processor.save_pretrained(folder)
     return folder
 
 

@@ -73,17 +73,12 @@ AUDIO_CLASSIFICATION = (
 
 
 def check_audio_folder(folder: Path, task: str) -> None:
-    """Refuse, before any weights load, a folder an audio task cannot serve: one without a
-    feature extractor (``preprocessor_config.json``), or, for speech recognition, a model that
-    is neither CTC nor Whisper (other seq2seq speech models are not served).
+    """Refuse, before any weights load, a folder speech recognition cannot serve: a model that
+    is neither CTC nor Whisper (other seq2seq speech models are not served). That the folder
+    holds a feature extractor is the task table's check (:mod:`batching.models.processors`).
 
     :raises ValueError: one line saying what is wrong.
     """
-    if not (folder / "preprocessor_config.json").is_file():
-        raise ValueError(
-            f"{folder.name} has no preprocessor_config.json: --task {task} needs the model's "
-            "feature extractor beside it"
-        )
     if task != ASR:
         return
     try:

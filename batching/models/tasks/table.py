@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batching.models.parameters import InvalidParameter, Param, Parameters
+from batching.models.processors import FEATURE_EXTRACTOR, IMAGE_PROCESSOR
 from batching.models.tasks.generation import pair_of
 
 __all__ = [
@@ -52,10 +53,14 @@ class Task:
         unloaded model that meets :class:`~batching.models.protocol.Model`.
     :param parameters: ``module:NAME`` of a module of this package holding the task's
         :class:`~batching.models.parameters.Param` tuple (pure data: no torch).
+    :param processor: the processor a folder of this task must hold (a feature extractor or
+        an image processor, :mod:`batching.models.processors`), checked before any weights
+        load; None: none.
     """
 
     serves: str
     parameters: str
+    processor: str | None = None
 
     def declared(self) -> tuple[Param, ...]:
         """The parameters this task takes, in the order declared."""
@@ -90,14 +95,16 @@ TASKS: dict[str, Task] = {
     "text2text-generation": Task(SEQ2SEQ_GENERATOR, "generation:TEXT2TEXT_GENERATION"),
     # Images: bytes in, never a path or URL (batching/models/images.py, clip.py).
     "image-classification": Task(
-        "batching.models.images:ImageClassifier", "images:IMAGE_CLASSIFICATION"
+        "batching.models.images:ImageClassifier", "images:IMAGE_CLASSIFICATION", IMAGE_PROCESSOR
     ),
     "image-text-embedding": Task(
-        "batching.models.clip:ImageTextEmbedder", "images:IMAGE_TEXT_EMBEDDING"
+        "batching.models.clip:ImageTextEmbedder", "images:IMAGE_TEXT_EMBEDDING", IMAGE_PROCESSOR
     ),
     # Audio, decoded from WAV/FLAC bytes or taken as samples (batching/models/audio.py).
-    "audio-classification": Task(AUDIO, "audio:AUDIO_CLASSIFICATION"),
-    "automatic-speech-recognition": Task(AUDIO, "audio:AUTOMATIC_SPEECH_RECOGNITION"),
+    "audio-classification": Task(AUDIO, "audio:AUDIO_CLASSIFICATION", FEATURE_EXTRACTOR),
+    "automatic-speech-recognition": Task(
+        AUDIO, "audio:AUTOMATIC_SPEECH_RECOGNITION", FEATURE_EXTRACTOR
+    ),
 }
 
 #: Other names transformers gives a served task.
