@@ -21,12 +21,12 @@ LABELS = ["cat", "dog", "bird", "fish", "tree", "car"]
 WORDS = ["a", "photo", "of", "the", "cat", "dog", "bird", "red", "blue", "car", "tree"]
 
 
-def classifier_folder(root: Path, name: str = "vit") -> Path:
-    """A ViT image classifier over :data:`LABELS`, 32x32 inputs."""
+def classifier_folder(root: Path, name: str = "vit", size: int = SIZE) -> Path:
+    """A ViT image classifier over :data:`LABELS`, ``size`` x ``size`` inputs (32)."""
     folder = root / name
     torch.manual_seed(3)
     config = transformers.ViTConfig(
-        image_size=SIZE,
+        image_size=size,
         patch_size=8,
         hidden_size=32,
         num_hidden_layers=2,
@@ -37,7 +37,7 @@ def classifier_folder(root: Path, name: str = "vit") -> Path:
         label2id={label: index for index, label in enumerate(LABELS)},
     )
     transformers.ViTForImageClassification(config).save_pretrained(folder)
-    transformers.ViTImageProcessor(size={"height": SIZE, "width": SIZE}).save_pretrained(folder)
+    transformers.ViTImageProcessor(size={"height": size, "width": size}).save_pretrained(folder)
     return folder
 
 
