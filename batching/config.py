@@ -12,7 +12,12 @@ from batching.models.engines.options import (
     EngineOptions,
     check_engine_settings,
 )
-from batching.models.media import DEFAULT_MAX_IMAGE_PIXELS, MAX_IMAGE_PIXELS_CAP, MediaLimits
+from batching.models.media import (
+    DEFAULT_MAX_DECODE_BYTES,
+    DEFAULT_MAX_IMAGE_PIXELS,
+    MAX_IMAGE_PIXELS_CAP,
+    MediaLimits,
+)
 from batching.models.parameters import InvalidParameter, Parameters
 from batching.models.prompts import PromptOptions
 from batching.models.source import ModelSource
@@ -80,6 +85,10 @@ class ModelConfig:
     #: Image inputs: the most pixels (width x height) an image may have, read from its header
     #: before it is decoded; more is a 413 (``--max-image-pixels``).
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    #: Image inputs: the most memory, in bytes, one image may take to decode and prepare for
+    #: the model, estimated from its header before it is decoded; more is a 413
+    #: (``--max-decode-bytes``).
+    max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES
     #: Audio inputs: the longest audio, in seconds, read from its header before it is
     #: decoded (or counted from samples sent as numbers); more is a 413
     #: (``--max-audio-seconds``).
@@ -131,7 +140,9 @@ class ModelConfig:
     def media_limits(self) -> MediaLimits:
         """What media inputs are checked against before they are queued."""
         return MediaLimits(
-            max_image_pixels=self.max_image_pixels, max_audio_seconds=self.max_audio_seconds
+            max_image_pixels=self.max_image_pixels,
+            max_audio_seconds=self.max_audio_seconds,
+            max_decode_bytes=self.max_decode_bytes,
         )
 
     def _validate(self) -> None:
@@ -139,6 +150,10 @@ class ModelConfig:
             raise ValueError(
                 f"max_image_pixels must be between 1 and {MAX_IMAGE_PIXELS_CAP} (Pillow's "
                 f"decompression-bomb limit), not {self.max_image_pixels}"
+            )
+        if self.max_decode_bytes < 1 << 20:
+            raise ValueError(
+                f"max_decode_bytes must be at least {1 << 20} (1 MiB), not {self.max_decode_bytes}"
             )
         if not 0 < self.max_audio_seconds <= MAX_AUDIO_SECONDS:
             raise ValueError(

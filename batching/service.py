@@ -27,7 +27,7 @@ from batching.errors import (
 from batching.expansion import expand_items
 from batching.metrics import Metrics
 from batching.models.items import item_text
-from batching.models.media import check_media, media_inputs
+from batching.models.media import check_media, media_inputs, model_limits
 from batching.models.parameters import TaskItem
 from batching.runtime.deployment import Deployment
 from batching.tracing.spans import current_span
@@ -126,13 +126,14 @@ def check_mask_token(metadata: dict[str, Any], inputs: list[Any]) -> None:
 
 async def check_media_items(deployment: Deployment, inputs: list[Any]) -> None:
     """Refuse the media items (images, ...) a model cannot take, before they are queued: too
-    large (413, from the header) or undecodable (400). On a worker thread: decoding an image
-    takes milliseconds the event loop owes to every other request."""
+    large (413, from the header: pixels, or the memory decoding would take) or undecodable
+    (400). On a worker thread: decoding an image takes milliseconds the event loop owes to
+    every other request."""
     media = media_inputs(deployment.metadata)
     if not media:
         return
     several = len(deployment.metadata.get("inputs") or []) > 1
-    limits = deployment.config.media_limits
+    limits = model_limits(deployment.config.media_limits, deployment.metadata)
     await asyncio.to_thread(check_media, media, several, inputs, limits)
 
 

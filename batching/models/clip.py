@@ -27,8 +27,9 @@ import transformers
 
 from ._torch import WEIGHTS_LOADING, max_length_of, read_json, resolve_device, to_numpy
 from .engines.options import EngineOptions
-from .images import image_inputs
+from .images import image_inputs, resize_of
 from .imaging import sample_png
+from .media import RESIZE_KEY
 from .parameters import TaskItem
 
 __all__ = ["IMAGE_TEXT_EMBEDDING", "ImageTextEmbedder"]
@@ -169,6 +170,16 @@ class ImageTextEmbedder:
 
     def metadata(self) -> dict[str, Any]:
         width = self.width if isinstance(self.width, int) else -1
+        image: dict[str, Any] = {
+            "name": "image",
+            "datatype": "BYTES",
+            "shape": [-1],
+            "optional": True,
+            "exclusive": True,
+            "content": "image",
+        }
+        if self._processor is not None:
+            image[RESIZE_KEY] = resize_of(self._processor)
         return {
             "inputs": [
                 {
@@ -178,14 +189,7 @@ class ImageTextEmbedder:
                     "optional": True,
                     "exclusive": True,
                 },
-                {
-                    "name": "image",
-                    "datatype": "BYTES",
-                    "shape": [-1],
-                    "optional": True,
-                    "exclusive": True,
-                    "content": "image",
-                },
+                image,
             ],
             # get_text_features / get_image_features as the model computes them.
             "outputs": [

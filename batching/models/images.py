@@ -7,11 +7,15 @@ has checked each image's size and that it decodes before it is queued
 decoded with Pillow (:mod:`.imaging`) and only then given to the pipeline's own steps.
 
 A batch is decoded and preprocessed one image at a time (the image processor resizes each to
-the model's size, so only one full-size image is held at once), stacked, and run through the
-model in one forward pass; each image's logits then go through the pipeline's own
-``postprocess``, so an answer equals ``transformers.pipeline("image-classification")`` for the
-same image. Runs on torch fp32 (the engine checks refuse other engines and precisions for
-this task at start-up).
+the model's size, so only one decoded image is held at once), stacked, and run through the
+model in one forward pass. A large image is reduced toward the processor's size as it is
+decoded (:func:`~.imaging.decode_image`, by the rule :func:`resize_of` reads from the
+processor, which the metadata also declares for the data plane's memory estimate), so what
+the processor is handed is never much more than a few times its own output. Each image's
+logits then go through the pipeline's own ``postprocess``, so an answer equals
+``transformers.pipeline("image-classification")`` for the same image (within a level of 255
+of its pixels for an image reduced first). Runs on torch fp32 (the engine checks refuse other
+engines and precisions for this task at start-up).
 """
 
 from __future__ import annotations
@@ -26,13 +30,14 @@ import transformers
 from ._torch import WEIGHTS_LOADING, resolve_device
 from .engines.options import EngineOptions
 from .imaging import decode_image, sample_png
+from .media import RESIZE_KEY
 from .parameters import PARAMETERS_KEY, TaskItem
 from .processors import IMAGE_PROCESSOR, missing_processor
 from .protocol import warmup_batches
 from .tasks.images import IMAGE_CLASSIFICATION as PARAMETERS
 from .tasks.images import TOP_K
 
-__all__ = ["IMAGE_CLASSIFICATION", "ImageClassifier", "image_inputs", "image_of"]
+__all__ = ["IMAGE_CLASSIFICATION", "ImageClassifier", "image_inputs", "image_of", "resize_of"]
 
 IMAGE_CLASSIFICATION = "image-classification"
 
@@ -50,12 +55,30 @@ def image_of(item: Any, name: str = "image") -> bytes:
     return value
 
 
+def resize_of(image_processor: Any) -> dict[str, int]:
+    """The image processor's resize rule, as :class:`~.image_budget.Resize` reads it: its
+    ``size`` (empty when it does not resize) and its centre crop (``crop_height``,
+    ``crop_width``), if it crops."""
+    rule: dict[str, int] = {}
+    if getattr(image_processor, "do_resize", True):
+        size = dict(getattr(image_processor, "size", None) or {})
+        rule.update((key, value) for key, value in size.items() if isinstance(value, int))
+    crop = dict(getattr(image_processor, "crop_size", None) or {})
+    if getattr(image_processor, "do_center_crop", False):
+        for key in ("height", "width"):
+            if isinstance(crop.get(key), int):
+                rule[f"crop_{key}"] = crop[key]
+    return rule
+
+
 def image_inputs(image_processor: Any, images: list[bytes], device: torch.device) -> Any:
-    """The processor's tensors for ``images``, decoded and processed one at a time (at most
-    one full-size image in memory), stacked into one batch on ``device``."""
+    """The processor's tensors for ``images``, decoded (reduced toward the processor's size)
+    and processed one at a time (at most one decoded image in memory), stacked into one batch
+    on ``device``."""
     parts: dict[str, list[torch.Tensor]] = {}
+    resize = resize_of(image_processor)
     for data in images:
-        processed = image_processor(images=decode_image(data), return_tensors="pt")
+        processed = image_processor(images=decode_image(data, resize=resize), return_tensors="pt")
         for key, tensor in processed.items():
             parts.setdefault(key, []).append(tensor)
     return {key: torch.cat(tensors).to(device) for key, tensors in parts.items()}
@@ -134,8 +157,16 @@ class ImageClassifier:
         return warmup_batches(sample_png(), max_batch_size)
 
     def metadata(self) -> dict[str, Any]:
+        image: dict[str, Any] = {
+            "name": "image",
+            "datatype": "BYTES",
+            "shape": [-1],
+            "content": "image",
+        }
+        if self._pipeline is not None:
+            image[RESIZE_KEY] = resize_of(self._pipeline.image_processor)
         described: dict[str, Any] = {
-            "inputs": [{"name": "image", "datatype": "BYTES", "shape": [-1], "content": "image"}],
+            "inputs": [image],
             # A list of {"label", "score"} per image, as JSON text.
             "outputs": [{"name": "output", "datatype": "BYTES", "shape": [-1]}],
             PARAMETERS_KEY: {param.name: param.describe() for param in PARAMETERS},

@@ -18,7 +18,7 @@ from batching.models.engines.options import (
     EngineConfigError,
     default_cache_dir,
 )
-from batching.models.media import DEFAULT_MAX_IMAGE_PIXELS
+from batching.models.media import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_IMAGE_PIXELS
 from batching.models.prompts import PromptConfigError
 from batching.models.source import ModelSource, ModelSourceError
 from batching.models.tasks.audio import DEFAULT_MAX_SECONDS
@@ -241,6 +241,13 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         type=int,
         help="image inputs: most pixels (width x height) an image may have, read from its "
         "header before it is decoded (413 beyond)",
+    )
+    parser.flag(
+        "--max-decode-bytes",
+        default=DEFAULT_MAX_DECODE_BYTES,
+        type=int,
+        help="image inputs: most memory one image may take to decode and prepare for the "
+        "model, estimated from its header before it is decoded (413 beyond)",
     )
     parser.flag(
         "--max-audio-seconds",
@@ -554,6 +561,7 @@ def parse_settings(
             engine_cache=args.engine_cache or None,
             truncate=not args.no_truncate,
             max_image_pixels=int(args.max_image_pixels),
+            max_decode_bytes=int(args.max_decode_bytes),
             max_audio_seconds=float(args.max_audio_seconds),
             default_prompt_name=args.default_prompt_name,
             default_prompt=args.default_prompt,

@@ -46,6 +46,7 @@ OVERRIDE_KEYS = (
     "precision",
     "truncate",
     "max_image_pixels",
+    "max_decode_bytes",
     "default_prompt_name",
     "default_prompt",
     "parameters",

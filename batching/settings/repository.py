@@ -59,6 +59,7 @@ _TOP_KEYS = (
     "precision",
     "truncate",
     "max_image_pixels",
+    "max_decode_bytes",
     "max_audio_seconds",
     "default_prompt_name",
     "default_prompt",
@@ -133,6 +134,7 @@ def model_from_table(
     precision = top.choice("precision", PRECISIONS, base.precision)
     truncate = _truncate(top, base.truncate)
     max_image_pixels = top.integer("max_image_pixels", base.max_image_pixels)
+    max_decode_bytes = top.integer("max_decode_bytes", base.max_decode_bytes)
     max_audio_seconds = top.number("max_audio_seconds", base.max_audio_seconds, positive=True)
     prompt_name, prompt = _prompt(top, base)
     parameters = _parameters(top, task)
@@ -156,6 +158,7 @@ def model_from_table(
             engine_cache=base.engine_cache,
             truncate=truncate,
             max_image_pixels=max_image_pixels,
+            max_decode_bytes=max_decode_bytes,
             max_audio_seconds=max_audio_seconds,
             default_prompt_name=prompt_name,
             default_prompt=prompt,

@@ -32,13 +32,16 @@ class ImageOnlyProcessor(transformers.ProcessorMixin):
         super().__init__(image_processor)
 
 
-def classifier_folder(root: Path, name: str = "vit", *, processor: bool = False) -> Path:
-    """A ViT image classifier over :data:`LABELS`, 32x32 inputs; its image processor saved
-    alone, or with ``processor`` inside a processor's ``processor_config.json``."""
+def classifier_folder(
+    root: Path, name: str = "vit", size: int = SIZE, *, processor: bool = False
+) -> Path:
+    """A ViT image classifier over :data:`LABELS`, ``size`` x ``size`` inputs (32); its image
+    processor saved alone, or with ``processor`` inside a processor's
+    ``processor_config.json``."""
     folder = root / name
     torch.manual_seed(3)
     config = transformers.ViTConfig(
-        image_size=SIZE,
+        image_size=size,
         patch_size=8,
         hidden_size=32,
         num_hidden_layers=2,
@@ -49,7 +52,7 @@ def classifier_folder(root: Path, name: str = "vit", *, processor: bool = False)
         label2id={label: index for index, label in enumerate(LABELS)},
     )
     transformers.ViTForImageClassification(config).save_pretrained(folder)
-    image_processor = transformers.ViTImageProcessor(size={"height": SIZE, "width": SIZE})
+    image_processor = transformers.ViTImageProcessor(size={"height": size, "width": size})
     if processor:
         ImageOnlyProcessor(image_processor).save_pretrained(folder)
     else:
