@@ -538,7 +538,12 @@ def _check_v2_model(target: Target, api: str, model_name: str) -> None:
         answer = httpx.get(target.url(path), timeout=10)
     except httpx.HTTPError:
         return  # unreachable: the run itself will count and report the connection errors
-    if answer.status_code == 404:
+    missing = answer.status_code == 404
+    if api == "openai" and answer.status_code == 200:
+        # /v1/models lists every model, with the routes that take it.
+        endpoints = answer.json().get("endpoints")
+        missing = isinstance(endpoints, list) and "/v1/embeddings" not in endpoints
+    if missing:
         served = "no embedding model" if api == "openai" else "no model"
         raise UsageError(f"{target.base} serves {served} {model_name!r}: pass --model-name")
 

@@ -98,13 +98,14 @@ def test_the_budget_is_the_tighter_of_affinity_and_quota(
     ("budget", "argv", "threads", "instances"),
     [
         (CpuBudget(affinity=8, quota=2.0, quota_source="cpu.max"), [], 2, 1),
-        (CpuBudget(affinity=8, quota=4.0, quota_source="cpu.max"), ["--instances", "2"], 2, 2),
+        # thread instances share the budget's cores batch by batch: each may use them all
+        (CpuBudget(affinity=8, quota=4.0, quota_source="cpu.max"), ["--instances", "2"], 4, 2),
         (CpuBudget(affinity=1, quota=None), [], 1, 1),
         # --instances cpu_count means the budget's cores, not the machine's
         (
             CpuBudget(affinity=16, quota=3.0, quota_source="cpu.max"),
             ["--instances", "cpu_count"],
-            1,
+            3,
             3,
         ),
         # the flag still overrides
