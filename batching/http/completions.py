@@ -41,7 +41,7 @@ from batching.plane import DataPlane, Generation
 
 from .errors import recorded, status_of, with_request_id
 from .openai import ANY_METHOD, openai_endpoint, served_model
-from .requests import caller_of, read_unattributed_body
+from .requests import read_unattributed_body
 
 __all__ = ["completion_routes", "is_generation_model"]
 
@@ -97,8 +97,7 @@ def completion_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
         body = await read_unattributed_body(plane, request, max_body_bytes)
         parsed = parse_chat(body) if chat else parse_completion(body)
         deployment = served_model(plane, parsed.model, is_generation_model, "a generating")
-        with recorded(plane, deployment):
-            caller = caller_of(request)
+        with recorded(plane, deployment, request) as caller:
             (item,) = task_items(deployment, [parsed.input], parsed.parameters, where="the request")
             if parsed.stream:
                 generation = await plane.generate(deployment, item, caller)

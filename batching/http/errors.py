@@ -25,12 +25,12 @@ from batching.errors import (
     Unavailable,
     UnprocessableInput,
 )
-from batching.plane import DataPlane
+from batching.plane import Caller, DataPlane
 from batching.runtime.deployment import Deployment
 
 from .connections import hold_resends
 from .middleware import request_id_of
-from .requests import BodyTooLarge
+from .requests import BodyTooLarge, caller_of
 
 __all__ = [
     "CLIENT_CLOSED",
@@ -79,14 +79,15 @@ def error_response(message: str, status: int, headers: Mapping[str, str] | None 
 
 
 @contextlib.contextmanager
-def recorded(plane: DataPlane, deployment: Deployment) -> Iterator[None]:
+def recorded(plane: DataPlane, deployment: Deployment, request: Request) -> Iterator[Caller]:
     """Count and time one request to ``deployment`` under the status it was answered with:
     200 when the block returns, else the status of the error that escaped (499 when the
-    client went away)."""
+    client went away). The block gets who asks (:func:`.requests.caller_of`): its deadline
+    counts from here."""
     started = plane.now()
     status = 500
     try:
-        yield
+        yield caller_of(request)
         status = 200
     except BatchingError as exc:
         status = status_of(exc)

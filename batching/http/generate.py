@@ -26,7 +26,7 @@ from batching.plane import DataPlane, Generation
 
 from .completions import SSE_HEADERS
 from .errors import recorded, status_of, with_request_id
-from .requests import caller_of, read_body
+from .requests import read_body
 
 __all__ = ["generate_routes"]
 
@@ -56,8 +56,7 @@ def generate_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
     async def generate(request: Request, stream: bool) -> Response:
         name = request.path_params["model"]
         deployment = plane.deployment(name, request.path_params.get("version"))
-        with recorded(plane, deployment):
-            caller = caller_of(request)
+        with recorded(plane, deployment, request) as caller:
             body = await read_body(request, max_body_bytes)
             parsed = parse_generate(body, set(declared_parameters(deployment.metadata)))
             (item,) = task_items(

@@ -18,7 +18,6 @@ from batching.codecs.multivector import encode_embed_all, parse_embed_all_reques
 from batching.plane import DataPlane
 
 from .errors import recorded
-from .requests import caller_of
 from .tokens import model_for, parsed_body, require
 
 __all__ = ["multivector_routes"]
@@ -30,9 +29,8 @@ def multivector_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
     async def embed_all(request: Request) -> Response:
         parsed = await parsed_body(plane, request, max_body_bytes, parse_embed_all_request)
         deployment = model_for(plane, parsed.model)
-        with recorded(plane, deployment):
+        with recorded(plane, deployment, request) as caller:
             require(plane, deployment, TOKENS, "/embed_all")
-            caller = caller_of(request)
             plan = token_plan(
                 parsed.texts,
                 parsed.options,

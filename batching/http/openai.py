@@ -51,19 +51,22 @@ from batching.errors import (
     Unavailable,
     UnprocessableInput,
 )
-from batching.plane import DataPlane
+from batching.plane import DataPlane, TokenLimits
 from batching.runtime.deployment import Deployment
 
 from .connections import hold_resends
 from .errors import recorded, status_of, with_request_id
 from .middleware import request_id_of
-from .requests import caller_of, read_unattributed_body
+from .requests import read_unattributed_body
 
 __all__ = ["ANY_METHOD", "openai_endpoint", "openai_error", "openai_routes", "served_model"]
 
 logger = logging.getLogger("batching")
 
 Endpoint = Callable[[Request], Awaitable[Response]]
+
+#: OpenAI's limits on each input's tokens, counted beside the model's (and for usage).
+OPENAI_LIMITS = TokenLimits(MAX_INPUT_TOKENS + 1, check_token_limits)
 
 #: Every method a route of these doors takes, to answer the wrong ones itself.
 ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -192,8 +195,7 @@ def openai_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
         body = await read_unattributed_body(plane, request, max_body_bytes)
         parsed = parse_embeddings_request(body)
         deployment = served_model(plane, parsed.model, is_embedding_model, "an embedding")
-        with recorded(plane, deployment):
-            caller = caller_of(request)
+        with recorded(plane, deployment, request) as caller:
             if not deployment.metadata and parsed.options != EmbedOptions(
                 encoding=parsed.options.encoding, base64=parsed.options.base64
             ):
@@ -206,14 +208,7 @@ def openai_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
                 truncate_default=deployment.config.truncate,
                 encoding_name="encoding_format",
             )
-            answer = await plane.embed(
-                deployment,
-                plan,
-                caller,
-                count=True,
-                at_least=MAX_INPUT_TOKENS + 1,
-                check_lengths=check_token_limits,
-            )
+            answer = await plane.embed(deployment, plan, caller, OPENAI_LIMITS)
             result = encode_embeddings(
                 parsed.model,
                 answer.vectors,

@@ -30,7 +30,7 @@ from batching.plane import DataPlane
 from batching.runtime.deployment import Deployment
 
 from .errors import recorded
-from .requests import caller_of, read_body
+from .requests import read_body
 
 __all__ = ["plain_routes"]
 
@@ -56,8 +56,7 @@ def plain_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
 
     async def predict(request: Request) -> Response:
         deployment = plane.deployment(request.path_params.get("model_name"))
-        with recorded(plane, deployment):
-            caller = caller_of(request)
+        with recorded(plane, deployment, request) as caller:
             body = await read_body(request, max_body_bytes)
             content_type = request.headers.get("content-type", "")
             parsed = media_request(body, content_type, deployment.metadata) or parse_request(

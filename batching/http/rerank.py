@@ -23,7 +23,7 @@ from batching.plane import DataPlane
 
 from .errors import recorded
 from .openai import ANY_METHOD, openai_endpoint, served_model
-from .requests import caller_of, read_unattributed_body
+from .requests import read_unattributed_body
 
 __all__ = ["rerank_routes"]
 
@@ -35,8 +35,7 @@ def rerank_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
         body = await read_unattributed_body(plane, request, max_body_bytes)
         parsed = parse_rerank_request(body)
         deployment = served_model(plane, parsed.model, takes_pairs, "a text-pair (rerank)")
-        with recorded(plane, deployment):
-            caller = caller_of(request)
+        with recorded(plane, deployment, request) as caller:
             items: list[Any] = pair_items(parsed)
             done = await plane.infer(deployment, items, caller, count=True)
             labels = [str(label) for label in deployment.metadata.get("labels") or []]

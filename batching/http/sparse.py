@@ -28,7 +28,7 @@ from batching.plane import DataPlane
 from batching.runtime.deployment import Deployment
 
 from .errors import recorded
-from .requests import caller_of, read_unattributed_body
+from .requests import read_unattributed_body
 
 __all__ = ["sparse_routes", "sparse_model"]
 
@@ -76,8 +76,7 @@ def sparse_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
         body = await read_unattributed_body(plane, request, max_body_bytes)
         parsed = parse_sparse_request(body)
         deployment = sparse_model(plane, parsed.model)
-        with recorded(plane, deployment):
-            caller = caller_of(request)
+        with recorded(plane, deployment, request) as caller:
             metadata = deployment.metadata
             if not metadata:
                 # Its prompts and limits are known once it has loaded.

@@ -30,7 +30,7 @@ from batching.plane import DataPlane
 from batching.runtime.deployment import Deployment
 
 from .errors import recorded, status_of
-from .requests import caller_of, read_unattributed_body
+from .requests import read_unattributed_body
 
 __all__ = ["model_for", "parsed_body", "require", "token_routes"]
 
@@ -89,9 +89,8 @@ def token_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
     async def tokenize(request: Request) -> Response:
         parsed = await parsed_body(plane, request, max_body_bytes, parse_tokenize_request)
         deployment = model_for(plane, parsed.model)
-        with recorded(plane, deployment):
+        with recorded(plane, deployment, request) as caller:
             require(plane, deployment, TOKENIZE, "/tokenize")
-            caller = caller_of(request)
             prompt = resolve_prompt(deployment.metadata, parsed.prompt_name, deployment.name)
             done = await plane.infer(deployment, list(parsed.items(prompt)), caller)
             body = encode_tokens(deployment.name, done.outputs)
@@ -100,9 +99,8 @@ def token_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
     async def decode(request: Request) -> Response:
         parsed = await parsed_body(plane, request, max_body_bytes, parse_decode_request)
         deployment = model_for(plane, parsed.model)
-        with recorded(plane, deployment):
+        with recorded(plane, deployment, request) as caller:
             require(plane, deployment, TOKENIZE, "/decode")
-            caller = caller_of(request)
             check_ids(parsed, vocab_size(deployment.metadata), deployment.name)
             done = await plane.infer(deployment, list(parsed.items()), caller)
             body = encode_decoded(deployment.name, done.outputs)

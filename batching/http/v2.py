@@ -25,7 +25,7 @@ from batching.plane import DataPlane
 from batching.runtime.deployment import Deployment
 
 from .errors import recorded
-from .requests import caller_of, read_body
+from .requests import read_body
 
 __all__ = ["v2_routes"]
 
@@ -82,8 +82,7 @@ def v2_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
 
     async def infer(request: Request) -> Response:
         deployment = deployment_of(request)
-        with recorded(plane, deployment):
-            caller = caller_of(request)
+        with recorded(plane, deployment, request) as caller:
             header_length = _header_length(request)
             body = await read_body(request, max_body_bytes)
             parsed = parse_infer_request(body, header_length)

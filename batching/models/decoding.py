@@ -25,7 +25,6 @@ views of buffers this batch owns (:class:`_Window`: rows by columns, with room t
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from typing import Any, cast
 
@@ -33,7 +32,6 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .pieces import Answer
 from .running import Prompt, Row, RunningBatchBase, pad
 
 __all__ = ["DecodeBatch", "cache_layers", "check_cache"]
@@ -147,24 +145,12 @@ class DecodeBatch(RunningBatchBase[tuple[DynamicCache, torch.Tensor]]):
     """The running batch of one causal-LM instance: its rows (:class:`~.running.Row`), their
     cache in a :class:`_Window` and their attention mask.
 
-    :param model: the loaded transformers causal LM.
-    :param tokenizer: its tokenizer.
-    :param eos: the token ids that end a sequence.
+    Built as :class:`~.running.RunningBatchBase` is (``model``: the loaded transformers
+    causal LM; ``eos``: the token ids that end a row).
     """
 
-    def __init__(
-        self,
-        model: Any,
-        tokenizer: Any,
-        eos: Seq[int],
-        prepare: Callable[[int, Any], Prompt] | None = None,
-        answer: Callable[[Prompt, list[int]], Answer] | None = None,
-    ) -> None:
-        super().__init__(model, tokenizer, eos, prepare, answer)
-        pad = getattr(tokenizer, "pad_token_id", None)
-        self.pad = pad if isinstance(pad, int) else 0
-        self.window = _Window()
-        self.cache: DynamicCache | None = None
+    window: _Window
+    cache: DynamicCache | None
 
     def prefix_of(self, prompt: Prompt) -> list[int]:
         return prompt.ids

@@ -148,10 +148,14 @@ class RunningBatchBase(Generic[Joined]):
         self.prepare = prepare
         self.answer = answer
         self.device: torch.device = model.device
+        pad = getattr(tokenizer, "pad_token_id", None)
+        #: What padded rows hold where they have no token.
+        self.pad = pad if isinstance(pad, int) else 0
         self.rows: list[Row] = []
         #: The decoder's cache columns of every row, 1 = real ([rows, columns]).
         self.mask: torch.Tensor | None = None
         self.threads = Threads()
+        self._clear()
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -194,7 +198,7 @@ class RunningBatchBase(Generic[Joined]):
         """What else a subclass frees once rows have left."""
 
     def _clear(self) -> None:
-        """Drop the whole cache: no row is left."""
+        """Drop the whole cache: no row is left (and none has come yet)."""
         raise NotImplementedError
 
     # -- join -------------------------------------------------------------------------------

@@ -57,6 +57,11 @@ class Seq2SeqDecodeBatch(RunningBatchBase[_Joined]):
     :param answer: a finished row's answer to its whole item.
     """
 
+    cache: EncoderDecoderCache | None
+    #: The encoder's output ([rows, inputs, hidden]) and its mask ([rows, inputs], 1 = real).
+    states: torch.Tensor | None
+    inputs: torch.Tensor | None
+
     def __init__(
         self,
         model: Any,
@@ -73,13 +78,8 @@ class Seq2SeqDecodeBatch(RunningBatchBase[_Joined]):
         if not isinstance(start, int):
             raise NotImplementedError("its generation config names no decoder start token")
         self.start = start
-        pad_id = getattr(tokenizer, "pad_token_id", None)
-        self.pad = pad_id if isinstance(pad_id, int) else 0
         self.positions = check_decoder(model)
         self._check_positions()
-        self.cache: EncoderDecoderCache | None = None
-        self.states: torch.Tensor | None = None  # encoder output [rows, inputs, hidden]
-        self.inputs: torch.Tensor | None = None  # encoder [rows, inputs], 1 = real
 
     @property
     def input_columns(self) -> int:

@@ -9,6 +9,7 @@ from .calls import Call, Caller, Deadline
 from .counting import TokenCounts
 from .dataplane import DataPlane, Inferred
 from .deployments import Deployments
+from .embedding import TokenLimits
 from .generation import Generation
 
 __all__ = [
@@ -20,4 +21,5 @@ __all__ = [
     "Generation",
     "Inferred",
     "TokenCounts",
+    "TokenLimits",
 ]

@@ -20,7 +20,6 @@ pass the one they answered to :meth:`DataPlane.record`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +38,7 @@ from . import embedding, generation
 from .calls import Call, Caller, Deadline, loop_time
 from .counting import TokenCounts, count_tokens
 from .deployments import Deployments
+from .embedding import TokenLimits
 from .generation import Generation
 from .queueing import queue_items
 
@@ -132,16 +132,10 @@ class DataPlane:
         deployment: Deployment,
         plan: EmbedPlan,
         caller: Caller,
-        *,
-        count: bool = False,
-        at_least: int = 0,
-        check_lengths: Callable[[Sequence[int]], None] | None = None,
+        limits: TokenLimits | None = None,
     ) -> EmbedAnswer:
         """An embedding plan's pooled vectors (:func:`.embedding.embed`)."""
-        call = self.call(deployment, caller)
-        return await embedding.embed(
-            call, plan, count=count, at_least=at_least, check_lengths=check_lengths
-        )
+        return await embedding.embed(self.call(deployment, caller), plan, limits)
 
     async def per_token(
         self, deployment: Deployment, plan: EmbedPlan, caller: Caller

@@ -11,6 +11,7 @@ each door encodes the answer).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from batching.codecs.capability import per_token_cap
 from batching.codecs.embed_options import (
@@ -27,33 +28,35 @@ from .calls import Call
 from .counting import TokenCounts, count_tokens
 from .queueing import queue_items
 
-__all__ = ["embed", "per_token"]
+__all__ = ["TokenLimits", "embed", "per_token"]
 
 #: How far the 413 of ``truncate: false`` counts the refused text, to name its length.
 _FULL_COUNT = 1 << 24
 
 
-async def embed(
-    call: Call,
-    plan: EmbedPlan,
-    *,
-    count: bool = False,
-    at_least: int = 0,
-    check_lengths: Callable[[Sequence[int]], None] | None = None,
-) -> EmbedAnswer:
-    """Run ``plan``: its pooled vectors.
+@dataclass(frozen=True, slots=True)
+class TokenLimits:
+    """A door's own limits on each text's tokens (OpenAI's), beside the model's: every text
+    is counted (for usage too), its length at least ``at_least`` far, and ``check`` is given
+    each one's length before truncation (it raises for one over the door's limits)."""
 
-    :param count: count tokens even when the model declares no embedding options (for usage).
-    :param at_least: count each text's length at least this far (the door's own limits).
-    :param check_lengths: the door's own limits, given each text's length before truncation.
+    at_least: int
+    check: Callable[[Sequence[int]], None]
+
+
+async def embed(call: Call, plan: EmbedPlan, limits: TokenLimits | None = None) -> EmbedAnswer:
+    """Run ``plan``: its pooled vectors; with ``limits``, the door's own limits apply and the
+    tokens used are counted whatever the model declares.
+
     :raises TextTooLong: a text over the model's length, with ``truncate: false``.
     :raises ClientGone: the client went away first.
     """
     counts = TokenCounts(None, None)
-    if plan.described or count or check_lengths is not None:
+    if plan.described or limits is not None:
+        at_least = 0 if limits is None else limits.at_least
         counts = await _counted(call, plan, plan.token_limit(at_least))
-    if check_lengths is not None and counts.lengths is not None:
-        check_lengths(counts.lengths)
+    if limits is not None and counts.lengths is not None:
+        limits.check(counts.lengths)
     flags = await _checked(call, plan, counts)
     outputs = await queue_items(call, list(plan.items), tokens=counts.used)
     vectors = vectors_of(outputs, plan, call.deployment.name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from batching.core.jobs import Pending
 from batching.errors import ClientGone, DeadlineExceeded, NotReady, UnprocessableInput
 from batching.expansion import expand_items
 from batching.models.media import check_media, media_inputs, model_limits
@@ -80,46 +81,43 @@ async def queue_items(
     :raises BatchingError: refused at admission (see :meth:`Batcher.submit`).
     :raises InvalidRequest: the model cannot expand one of these items.
     """
-    expansion = await expand_items(call.deployment, inputs)
-    if expansion is None:
-        return await _queue(call, inputs, tokens=tokens, token_cap=token_cap)
-    # The units are counted, queued and packed like items; the door's counts were of items.
-    return expansion.answers(await _queue(call, expansion.units))
-
-
-async def _queue(
-    call: Call,
-    inputs: list[Any],
-    *,
-    tokens: list[int] | None = None,
-    token_cap: int | None = None,
-) -> list[Any]:
-    """:func:`queue_items` of units of batching (items the model takes as they are)."""
-    deployment, deadline = call.deployment, call.deadline
-    check_mask_token(deployment.metadata, inputs)
-    await check_media_items(deployment, inputs)
-    if token_cap is not None and tokens is not None and len(tokens) == len(inputs):
+    deployment = call.deployment
+    units = inputs
+    expansion = await expand_items(deployment, inputs)
+    if expansion is not None:
+        # The units are counted, queued and packed like items; the counts were of items.
+        units, tokens, token_cap = expansion.units, None, None
+    check_mask_token(deployment.metadata, units)
+    await check_media_items(deployment, units)
+    if token_cap is not None and tokens is not None and len(tokens) == len(units):
         pass  # counted already, and needed for the cap whatever the model's batching
     elif deployment.count_tokens is None:
         tokens = None
-    elif tokens is None or len(tokens) != len(inputs):
-        tokens = await tokens_for_batching(deployment, inputs, call.request_id)
+    elif tokens is None or len(tokens) != len(units):
+        tokens = await tokens_for_batching(deployment, units, call.request_id)
     span = current_span()
     future = deployment.batcher.submit(
-        inputs,
-        deadline=deadline,
+        units,
+        deadline=call.deadline,
         tokens=tokens,
         request_id=call.request_id,
         token_cap=token_cap if tokens is not None else None,
         trace=span,
     )
     if span is not None:
-        span.submitted(deployment.name, len(inputs), tokens)
+        span.submitted(deployment.name, len(units), tokens)
+    outputs = await _outputs(call, future)
+    return outputs if expansion is None else expansion.answers(outputs)
+
+
+async def _outputs(call: Call, future: Pending) -> list[Any]:
+    """The outputs of the queued ``future``, unless the deadline passes or the client goes
+    away first (then its items are dropped wherever they are in the queue)."""
     disconnected = call.caller.disconnected
     watcher = asyncio.ensure_future(disconnected()) if disconnected is not None else None
     waited: set[asyncio.Future[Any]] = {future} if watcher is None else {future, watcher}
     try:
-        async with asyncio.timeout_at(deadline):
+        async with asyncio.timeout_at(call.deadline):
             await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
     except TimeoutError:
         running = future.running
