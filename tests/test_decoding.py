@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from batching.core.events import NoEvents
 from batching.errors import (
     DeadlineExceeded,
     InferenceFailed,
@@ -453,4 +454,45 @@ async def _a_prefill_that_raises_fails_its_newcomers_and_the_loop_goes_on() -> N
     assert after.status is Status.FINISHED_LENGTH
     assert batch.joined == [after.key]
     assert decoder.reserved == 0
+    task.cancel()
+
+
+class Recorded(NoEvents):
+    """The events a scheduler tells, as the batcher's observer hears them."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[int, str]] = []
+        self.requests: list[bool] = []
+
+    def batch_done(
+        self, items: int, tokens: int, reason: str, queue_wait: float, compute_s: float
+    ) -> None:
+        self.batches.append((items, reason))
+
+    def request_done(self, queue_s: float, compute_s: float, total_s: float, ok: bool) -> None:
+        self.requests.append(ok)
+
+
+def test_each_prefill_is_told_as_a_batch_and_each_stream_once_as_it_ends() -> None:
+    asyncio.run(_each_prefill_is_told_as_a_batch_and_each_stream_once_as_it_ends())
+
+
+async def _each_prefill_is_told_as_a_batch_and_each_stream_once_as_it_ends() -> None:
+    events = Recorded()
+    decoder = StepScheduler("m", max_rows=4, budget=1000, events=events)
+    task = await started(decoder, Scripted())
+    deadline = asyncio.get_running_loop().time() + 30
+    first, second = (decoder.submit((3, None), 10, deadline) for _ in range(2))
+    assert [await drain(first), await drain(second)] == ["abb", "abb"]
+    bad = decoder.submit((3, "join"), 10, deadline)
+    with pytest.raises(InferenceFailed):
+        await bad.next()
+    gone = decoder.submit((1000, None), 10, deadline)
+    assert await gone.next() is not None
+    gone.cancel()
+    last = decoder.submit((2, None), 10, deadline)
+    assert await drain(last) == "ab"
+    # The two that joined together were one batch of two; a failed join is no batch.
+    assert events.batches == [(2, "prefill"), (1, "prefill"), (1, "prefill")]
+    assert sorted(events.requests) == [False, False, True, True, True]
     task.cancel()

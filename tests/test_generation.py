@@ -371,3 +371,31 @@ def test_a_generating_task_on_process_instances_is_refused_at_start_with_one_lin
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(errors) == 1 and "text-generation runs on thread instances" in errors[0]
     assert parse_settings(argv, {}).models[0].instance_kind == "thread"
+
+
+def test_a_model_whose_cache_cannot_join_a_running_batch_is_refused_at_load(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """Its warm-up runs the decode loop every door runs: a sliding-window cache cannot join
+    and be cut, and the model never reports ready, saying why."""
+    from batching.runtime.warmup import WarmupPlan, load_and_warm
+
+    folder = tmp_path / "mistral"
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folders["gpt2"]))
+    tokenizer.save_pretrained(folder)
+    config = transformers.MistralConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=GPT2_POSITIONS,
+        sliding_window=4,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    transformers.MistralForCausalLM(config).save_pretrained(folder)
+    model = ModelSource.parse(str(folder), "text-generation").build()
+    with pytest.raises(RuntimeError, match="DynamicSlidingWindowLayer layers"):
+        load_and_warm(model, "cpu", 2, warmup=WarmupPlan())
