@@ -46,10 +46,10 @@ from batching.log_settings import LogSettings
 from batching.metrics import Metrics
 from batching.models.default import DEFAULT_MODEL_NAME
 from batching.models.protocol import Model
+from batching.plane import DataPlane, Deployments
 from batching.runtime.base import InstanceFactory
 from batching.runtime.deployment import Deployment
 from batching.runtime.warmup import InstanceInfo
-from batching.service import DataPlane, Deployments
 from batching.tls import CertificateFiles
 from batching.tracing.config import TracingConfig
 

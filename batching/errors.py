@@ -14,7 +14,8 @@
     │   └── NotReady              loading, warming up, restarting or draining
     ├── DeadlineExceeded          504  accepted, but not served before its deadline
     ├── InferenceFailed           500  the model raised, or broke its output contract
-    └── LoadFailed                500  a model could not be loaded at run time
+    ├── LoadFailed                500  a model could not be loaded at run time
+    └── ClientGone                499  the client went away first: nobody to answer
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 __all__ = [
     "BatchingError",
     "ClientError",
+    "ClientGone",
     "DeadlineExceeded",
     "InferenceFailed",
     "InvalidRequest",
@@ -98,3 +100,9 @@ class InferenceFailed(BatchingError):
 class LoadFailed(BatchingError):
     """Raised when a model cannot be loaded at run time (a load call, a poll): answered 500
     with the exception's class only; whatever served before keeps serving."""
+
+
+class ClientGone(BatchingError):
+    """Raised by the data plane when the client went away before its answer (its items were
+    dropped wherever they were): the one place a departed client is recorded. Nothing is
+    answered to it; it is counted under 499, nginx's code."""

@@ -4,8 +4,12 @@ one run, on a small causal LM built from a config:
 1. **16 concurrent streams** (OpenAI ``/v1/completions``, ``stream: true``) of prompts of mixed
    lengths and ``max_new_tokens`` mixed between 8 and 128: output tokens/s, and time to first
    token p50 against a lone request's;
-2. the **same requests through whole-batch generation** (the plain door, one ``generate`` per
-   batch, 16 concurrent): output tokens/s;
+2. the **same requests through the plain door** (``POST /models/{m}``, not streamed: each
+   request's tokens gathered by the same decode loop, 16 concurrent): output tokens/s; with
+   ``--baseline DIR``, the same requests through the plain door of another checkout of this
+   project too (a server started from ``DIR``, beside this one's, measured in turn: e.g. the
+   commit before a change, ``git worktree add /tmp/before REV``), so that a change is
+   compared on one machine, interleaved;
 3. the **same requests through transformers' continuous batching offline**
    (``init_continuous_batching``, in this process, no server): output tokens/s, or the error
    it raised on this machine;
@@ -16,12 +20,13 @@ one run, on a small causal LM built from a config:
 
 All greedy (the same tokens whichever way), fp32, on the server's default threads. The first
 two streams are a warm-up (one-time costs are not a lone request's time to first token). With
-``--repeats N`` the server's alternatives run N times interleaved (lone requests, streams,
-whole batches, again) and the offline manager N times; the table shows medians, the JSON each
-run too. Prints one table and writes the figures as JSON (``--json``).
+``--repeats N`` the server's alternatives run N times interleaved (lone requests, streams, the
+plain door, the baseline's plain door, again) and the offline manager N times; the table shows
+medians, the JSON each run too. Prints one table and writes the figures as JSON (``--json``).
 
     python benchmarks/generation.py
     python benchmarks/generation.py --repeats 3
+    python benchmarks/generation.py --repeats 3 --baseline /tmp/before --no-transformers-serve
     python benchmarks/generation.py --requests 8 --max-new 8,16 --long 24 --quick
 
 This is a benchmark: run it on a quiet machine (``--quick`` only checks that it runs).
@@ -34,6 +39,7 @@ import asyncio
 import json
 import os
 import random
+import shlex
 import statistics
 import sys
 import tempfile
@@ -155,7 +161,9 @@ async def streams(
         return time.perf_counter() - started, results
 
 
-async def whole_batches(url: str, reqs: list[Req], concurrency: int) -> float:
+async def plain_door(url: str, reqs: list[Req], concurrency: int) -> float:
+    """Seconds the requests took through the plain door, ``concurrency`` at a time."""
+
     async def one(client: httpx.AsyncClient, req: Req) -> None:
         parameters = {"max_new_tokens": req.max_new, "return_full_text": False}
         answer = await client.post(
@@ -291,6 +299,19 @@ async def short_during_long(url: str, long_tokens: int) -> dict[str, float]:
         return {"long_s": long.total, "short_s": short.total, "ratio": short.total / long.total}
 
 
+def checkout_server(checkout: Path, flags: list[str], log: Path) -> ServerProcess:
+    """A server of the project checked out at ``checkout`` (its own ``server.py`` and
+    package, on this interpreter), not started."""
+    checkout = checkout.resolve()
+    return ServerProcess(
+        flags,
+        command="{python} " + shlex.quote(str(checkout / "server.py")),
+        cwd=checkout,
+        log_path=log,
+        env={"PYTHONPATH": str(checkout)},
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=64)
@@ -313,6 +334,12 @@ def main() -> None:
         action="store_false",
         help="do not run the streams against transformers serve",
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="another checkout of this project: its plain door is measured too, in turn",
+    )
     parser.add_argument("--json", default="load_test_results/generation.json")
     args = parser.parse_args()
     low, high = (int(x) for x in args.max_new.split(","))
@@ -321,24 +348,19 @@ def main() -> None:
     reqs = workload(args.requests, low, high)
     with tempfile.TemporaryDirectory() as tmp:
         folder = build_model(Path(tmp) / MODEL, args.positions, args.width, args.layers)
-        server = ServerProcess(
-            [
-                "--model",
-                str(folder),
-                "--task",
-                "text-generation",
-                "--max-batch-size",
-                str(args.concurrency),
-            ],
-            cwd=ROOT,
-            log_path=Path(tmp) / "server.log",
-        )
+        flags = ["--model", str(folder), "--task", "text-generation"]
+        flags += ["--max-batch-size", str(args.concurrency)]
+        server = checkout_server(ROOT, flags, Path(tmp) / "server.log")
+        baseline = None
+        if args.baseline is not None:
+            baseline = checkout_server(args.baseline, flags, Path(tmp) / "baseline.log")
+            baseline.start()
         server.start()
         try:
             # The first streams pay one-time costs (the first forward of each shape, the
             # first connection): not a lone request's time to first token.
             asyncio.run(streams(server.url, reqs[:2], 2))
-            rates, batched_rates, ttfts, lone_ttfts = [], [], [], []
+            rates, plain_rates, baseline_rates, ttfts, lone_ttfts = [], [], [], [], []
             for _ in range(args.repeats):  # the alternatives interleaved
                 lone = [asyncio.run(streams(server.url, [reqs[i]], 1))[1][0] for i in range(3)]
                 lone_ttfts.append(statistics.median(r.ttft for r in lone))
@@ -346,11 +368,16 @@ def main() -> None:
                 tokens = sum(r.tokens for r in results)
                 rates.append(tokens / elapsed)
                 ttfts.append(statistics.median(r.ttft for r in results))
-                batched_s = asyncio.run(whole_batches(server.url, reqs, args.concurrency))
-                batched_rates.append(tokens / batched_s)
+                plain_s = asyncio.run(plain_door(server.url, reqs, args.concurrency))
+                plain_rates.append(tokens / plain_s)
+                if baseline is not None:
+                    baseline_s = asyncio.run(plain_door(baseline.url, reqs, args.concurrency))
+                    baseline_rates.append(tokens / baseline_s)
             race = asyncio.run(short_during_long(server.url, args.long))
         finally:
             server.stop()
+            if baseline is not None:
+                baseline.stop()
         offlines = [offline_continuous(folder, reqs) for _ in range(args.repeats)]
         rated = [o for o in offlines if "tokens_per_s" in o]
         offline = (
@@ -369,13 +396,18 @@ def main() -> None:
         "repeats": args.repeats,
         "output_tokens": tokens,
         "streams_tokens_per_s": statistics.median(rates),
-        "whole_batch_tokens_per_s": statistics.median(batched_rates),
+        "plain_door_tokens_per_s": statistics.median(plain_rates),
+        "baseline_plain_door_tokens_per_s": (
+            statistics.median(baseline_rates) if baseline_rates else None
+        ),
+        "baseline": None if args.baseline is None else str(args.baseline),
         "offline_continuous": offline,
         "ttft_p50_s": statistics.median(ttfts),
         "lone_ttft_s": statistics.median(lone_ttfts),
         "each_repeat": {
             "streams_tokens_per_s": rates,
-            "whole_batch_tokens_per_s": batched_rates,
+            "plain_door_tokens_per_s": plain_rates,
+            "baseline_plain_door_tokens_per_s": baseline_rates,
             "offline_tokens_per_s": [o.get("tokens_per_s") for o in offlines],
             "ttft_p50_s": ttfts,
             "lone_ttft_s": lone_ttfts,
@@ -386,7 +418,10 @@ def main() -> None:
     offline_rate = offline.get("tokens_per_s")
     rows = [
         ("streams, output tokens/s", f"{figures['streams_tokens_per_s']:.0f}"),
-        ("whole-batch generate, output tokens/s", f"{figures['whole_batch_tokens_per_s']:.0f}"),
+        (
+            "the plain door (not streamed), output tokens/s",
+            f"{figures['plain_door_tokens_per_s']:.0f}",
+        ),
         (
             "transformers continuous batching offline, tokens/s",
             f"{offline_rate:.0f}" if offline_rate else offline.get("error", "?"),
@@ -404,6 +439,14 @@ def main() -> None:
             f"{race['long_s']:.2f} / {race['short_s']:.2f} s",
         ),
     ]
+    if baseline_rates:
+        rows.insert(
+            2,
+            (
+                "the baseline checkout's plain door, output tokens/s",
+                f"{figures['baseline_plain_door_tokens_per_s']:.0f}",
+            ),
+        )
     for name, value in rows:
         print(f"{name:<55} {value}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from batching.core.events import NoEvents
 from batching.errors import (
     DeadlineExceeded,
     InferenceFailed,
@@ -21,7 +21,8 @@ from batching.errors import (
 )
 from batching.models.causal import TextGenerator
 from batching.models.parameters import TaskItem
-from batching.runtime.decoding import Decoder
+from batching.models.pieces import Joining, Piece, Status
+from batching.runtime.decoding import StepScheduler
 from tests.support.generators import causal_reference, direct, gpt2_folder
 from tests.support.running_batches import (
     check_company_free,
@@ -94,7 +95,12 @@ def test_a_newcomer_that_fails_fails_alone_in_a_shared_prefill(generator: TextGe
     batch = generator.decode_batch()
     too_long = TaskItem(" ".join(PROMPTS * 4), (("max_new_tokens", 4), ("truncate", False)))
     outcomes = batch.join_items(
-        [(0, item(PROMPTS[0], 4)), (1, too_long), (2, 42), (3, item(PROMPTS[1], 4))]
+        [
+            Joining(0, item(PROMPTS[0], 4)),
+            Joining(1, too_long),
+            Joining(2, 42),
+            Joining(3, item(PROMPTS[1], 4)),
+        ]
     )
     assert not isinstance(outcomes[0], BaseException) and outcomes[0].key == 0
     assert isinstance(outcomes[1], PayloadTooLarge)
@@ -115,7 +121,7 @@ def test_a_shared_prefill_that_raises_joins_each_newcomer_alone(
         return together(prompts)
 
     monkeypatch.setattr(batch, "join_many", refuse_groups)
-    outcomes = batch.join_items([(0, item(PROMPTS[0], 4)), (1, item(PROMPTS[1], 4))])
+    outcomes = batch.join_items([Joining(0, item(PROMPTS[0], 4)), Joining(1, item(PROMPTS[1], 4))])
     assert [getattr(outcome, "key", outcome) for outcome in outcomes] == [0, 1]
     assert len(batch) == 2
 
@@ -135,7 +141,7 @@ def test_rows_that_leave_free_their_cache(generator: TextGenerator) -> None:
 
 def test_the_cache_buffers_shrink_when_most_rows_left(generator: TextGenerator) -> None:
     batch = generator.decode_batch()
-    batch.join_items([(key, item(PROMPTS[key % 8], 20)) for key in range(16)])
+    batch.join_items([Joining(key, item(PROMPTS[key % 8], 20)) for key in range(16)])
     batch.step()
     assert batch.window.rows_capacity >= 16
     batch.leave(set(range(14)))
@@ -157,13 +163,7 @@ def test_a_stop_string_ends_the_sequence_and_is_not_sent(generator: TextGenerato
 # -- the scheduler over a scripted batch ------------------------------------------------------
 
 
-@dataclass
-class Piece:
-    key: int
-    token_id: int
-    text: str
-    finish: str | None
-    prompt_tokens: int = 1
+LENGTH = Status.FINISHED_LENGTH
 
 
 class Scripted:
@@ -186,7 +186,16 @@ class Scripted:
             self.fail_step = True
         self.joined.append(key)
         self.rows[key] = [count, 1]
-        return Piece(key, 0, "a", "length" if count == 1 else None)
+        return Piece(key, 0, "a", LENGTH if count == 1 else None, 1)
+
+    def join_items(self, items: list[Joining]) -> list[Piece | BaseException]:
+        outcomes: list[Piece | BaseException] = []
+        for key, entry, _ in items:
+            try:
+                outcomes.append(self.join_item(key, entry))
+            except ValueError as exc:
+                outcomes.append(exc)
+        return outcomes
 
     def step(self) -> list[Piece]:
         if self.fail_step:
@@ -195,7 +204,7 @@ class Scripted:
         pieces = []
         for key, row in self.rows.items():
             row[1] += 1
-            pieces.append(Piece(key, row[1], "b", "length" if row[1] >= row[0] else None))
+            pieces.append(Piece(key, row[1], "b", LENGTH if row[1] >= row[0] else None, 1))
         return pieces
 
     def leave(self, keys: set[int]) -> None:
@@ -214,7 +223,7 @@ class Model:
         return 32
 
 
-async def started(decoder: Decoder, batch: Scripted) -> asyncio.Task[None]:
+async def started(decoder: StepScheduler, batch: Scripted) -> asyncio.Task[None]:
     model = Model(batch)
     loaded = asyncio.Event()
 
@@ -243,7 +252,7 @@ def test_admission_counts_tokens_and_frees_them_at_the_end() -> None:
 
 
 async def _admission_counts_tokens_and_frees_them_at_the_end() -> None:
-    decoder = Decoder("m", max_rows=4, budget=100)
+    decoder = StepScheduler("m", max_rows=4, budget=100)
     task = await started(decoder, Scripted())
     deadline = asyncio.get_running_loop().time() + 30
     first = decoder.submit((3, None), 60, deadline)
@@ -265,7 +274,7 @@ def test_more_rows_than_the_cap_wait_their_turn() -> None:
 
 
 async def _more_rows_than_the_cap_wait_their_turn() -> None:
-    decoder = Decoder("m", max_rows=2, budget=1000)
+    decoder = StepScheduler("m", max_rows=2, budget=1000)
     batch = Scripted()
     task = await started(decoder, batch)
     deadline = asyncio.get_running_loop().time() + 30
@@ -280,16 +289,19 @@ def test_a_cancelled_stream_leaves_at_the_next_step() -> None:
 
 
 async def _a_cancelled_stream_leaves_at_the_next_step() -> None:
-    decoder = Decoder("m", max_rows=4, budget=1000)
+    decoder = StepScheduler("m", max_rows=4, budget=1000)
     batch = Scripted()
     task = await started(decoder, batch)
     deadline = asyncio.get_running_loop().time() + 30
     gone = decoder.submit((1000, None), 10, deadline)
     assert (await gone.next()) is not None
     gone.cancel()
+    assert gone.status is Status.FINISHED_CANCELLED
+    assert decoder.reserved == 10  # held until its row leaves, at the next step
     other = decoder.submit((3, None), 10, deadline)
     assert await drain(other) == "abb"
     assert gone.key not in batch.rows
+    assert await gone.next() is None
     assert decoder.reserved == 0
     task.cancel()
 
@@ -300,7 +312,7 @@ def test_the_deadline_ends_a_sequence_that_runs_past_it() -> None:
 
 async def _the_deadline_ends_a_sequence_that_runs_past_it() -> None:
     now = [0.0]
-    decoder = Decoder("m", max_rows=4, budget=1000, clock=lambda: now[0])
+    decoder = StepScheduler("m", max_rows=4, budget=1000, clock=lambda: now[0])
     batch = Scripted()
     task = await started(decoder, batch)
     long = decoder.submit((1000, None), 10, asyncio.get_running_loop().time() + 30)
@@ -309,6 +321,7 @@ async def _the_deadline_ends_a_sequence_that_runs_past_it() -> None:
     with pytest.raises(DeadlineExceeded):
         while await long.next() is not None:
             pass
+    assert long.status is Status.FINISHED_ERROR
     assert decoder.reserved == 0
     task.cancel()
 
@@ -318,7 +331,7 @@ def test_a_fault_fails_its_own_sequence_only() -> None:
 
 
 async def _a_fault_fails_its_own_sequence_only() -> None:
-    decoder = Decoder("m", max_rows=4, budget=1000)
+    decoder = StepScheduler("m", max_rows=4, budget=1000)
     task = await started(decoder, Scripted())
     deadline = asyncio.get_running_loop().time() + 30
     bad = decoder.submit((3, "join"), 10, deadline)
@@ -338,21 +351,15 @@ async def _a_fault_fails_its_own_sequence_only() -> None:
 
 
 class Together(Scripted):
-    """A scripted batch that also prefills several newcomers at once, and logs its calls."""
+    """A scripted batch that logs its calls."""
 
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[tuple[str, list[int]]] = []
 
-    def join_items(self, items: list[tuple[int, Any]]) -> list[Piece | BaseException]:
-        self.calls.append(("join", [key for key, _ in items]))
-        outcomes: list[Piece | BaseException] = []
-        for key, entry in items:
-            try:
-                outcomes.append(self.join_item(key, entry))
-            except ValueError as exc:
-                outcomes.append(exc)
-        return outcomes
+    def join_items(self, items: list[Joining]) -> list[Piece | BaseException]:
+        self.calls.append(("join", [joining.key for joining in items]))
+        return super().join_items(items)
 
     def step(self) -> list[Piece]:
         self.calls.append(("step", sorted(self.rows)))
@@ -364,7 +371,7 @@ def test_newcomers_join_together_before_the_running_rows_step() -> None:
 
 
 async def _newcomers_join_together_before_the_running_rows_step() -> None:
-    decoder = Decoder("m", max_rows=4, budget=1000)
+    decoder = StepScheduler("m", max_rows=4, budget=1000)
     batch = Together()
     task = await started(decoder, batch)
     deadline = asyncio.get_running_loop().time() + 30
@@ -391,12 +398,12 @@ def test_a_forward_runs_on_the_governors_threads_and_leaves_the_count_as_it_was(
 ) -> None:
     import torch
 
-    from batching.models.decoding import _Threads
     from batching.models.engines.governor import ThreadGovernor
+    from batching.models.running import Threads
 
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     monkeypatch.setenv("BATCHING_ADAPTIVE_THREADS", "1")
-    threads = _Threads()
+    threads = Threads()
     assert not threads.fixed
     before = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -412,28 +419,80 @@ def test_a_forward_runs_on_the_governors_threads_and_leaves_the_count_as_it_was(
         torch.set_num_threads(before)
 
 
-class SharedPrefillBreaks(Together):
-    """A batch whose shared prefill raises: the loop then joins each newcomer alone."""
+class PrefillBreaks(Together):
+    """A batch whose next prefill raises as a whole: a fault of the batch, not of an item
+    (the running batch itself tries a failed shared prefill one by one)."""
 
-    def join_items(self, items: list[tuple[int, Any]]) -> list[Piece | BaseException]:
-        super().join_items([])
-        raise RuntimeError("the shared prefill broke")
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken = True
+
+    def join_items(self, items: list[Joining]) -> list[Piece | BaseException]:
+        if self.broken:
+            self.broken = False
+            raise RuntimeError("the prefill broke")
+        return super().join_items(items)
 
 
-def test_a_shared_prefill_that_raises_is_retried_one_by_one() -> None:
-    asyncio.run(_a_shared_prefill_that_raises_is_retried_one_by_one())
+def test_a_prefill_that_raises_fails_its_newcomers_and_the_loop_goes_on() -> None:
+    asyncio.run(_a_prefill_that_raises_fails_its_newcomers_and_the_loop_goes_on())
 
 
-async def _a_shared_prefill_that_raises_is_retried_one_by_one() -> None:
-    decoder = Decoder("m", max_rows=4, budget=1000)
-    batch = SharedPrefillBreaks()
+async def _a_prefill_that_raises_fails_its_newcomers_and_the_loop_goes_on() -> None:
+    decoder = StepScheduler("m", max_rows=4, budget=1000)
+    batch = PrefillBreaks()
     task = await started(decoder, batch)
     deadline = asyncio.get_running_loop().time() + 30
-    good = decoder.submit((3, None), 10, deadline)
+    first = decoder.submit((3, None), 10, deadline)
+    second = decoder.submit((3, None), 10, deadline)
+    for failed in (first, second):
+        with pytest.raises(InferenceFailed):
+            await failed.next()
+        assert failed.status is Status.FINISHED_ERROR
+    after = decoder.submit((2, None), 10, deadline)
+    assert await drain(after) == "ab"
+    assert after.status is Status.FINISHED_LENGTH
+    assert batch.joined == [after.key]
+    assert decoder.reserved == 0
+    task.cancel()
+
+
+class Recorded(NoEvents):
+    """The events a scheduler tells, as the batcher's observer hears them."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[int, str]] = []
+        self.requests: list[bool] = []
+
+    def batch_done(
+        self, items: int, tokens: int, reason: str, queue_wait: float, compute_s: float
+    ) -> None:
+        self.batches.append((items, reason))
+
+    def request_done(self, queue_s: float, compute_s: float, total_s: float, ok: bool) -> None:
+        self.requests.append(ok)
+
+
+def test_each_prefill_is_told_as_a_batch_and_each_stream_once_as_it_ends() -> None:
+    asyncio.run(_each_prefill_is_told_as_a_batch_and_each_stream_once_as_it_ends())
+
+
+async def _each_prefill_is_told_as_a_batch_and_each_stream_once_as_it_ends() -> None:
+    events = Recorded()
+    decoder = StepScheduler("m", max_rows=4, budget=1000, events=events)
+    task = await started(decoder, Scripted())
+    deadline = asyncio.get_running_loop().time() + 30
+    first, second = (decoder.submit((3, None), 10, deadline) for _ in range(2))
+    assert [await drain(first), await drain(second)] == ["abb", "abb"]
     bad = decoder.submit((3, "join"), 10, deadline)
-    assert await drain(good) == "abb"
     with pytest.raises(InferenceFailed):
         await bad.next()
-    assert batch.joined == [good.key]
-    assert decoder.reserved == 0
+    gone = decoder.submit((1000, None), 10, deadline)
+    assert await gone.next() is not None
+    gone.cancel()
+    last = decoder.submit((2, None), 10, deadline)
+    assert await drain(last) == "ab"
+    # The two that joined together were one batch of two; a failed join is no batch.
+    assert events.batches == [(2, "prefill"), (1, "prefill"), (1, "prefill")]
+    assert sorted(events.requests) == [False, False, True, True, True]
     task.cancel()

@@ -1,8 +1,8 @@
-"""Generation through the model's own ``generate``, called on the model object: a tiny GPT-2
-whose tokenizer has no pad token (text-generation), a tiny T5 naming task prefixes
-(summarization, translation) and a tiny BART (text2text-generation). Every answer equals a
-direct ``model.generate`` call on that one input, token for token (greedy, fp32), alone or
-batched with others."""
+"""Generation called on the model object (``predict``: every item joining a running batch at
+once): a tiny GPT-2 whose tokenizer has no pad token (text-generation), a tiny T5 naming task
+prefixes (summarization, translation) and a tiny BART (text2text-generation). Every answer
+equals a direct ``model.generate`` call on that one input, token for token (greedy, fp32),
+alone or with others."""
 
 from __future__ import annotations
 
@@ -13,12 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import transformers
 
 from batching.errors import PayloadTooLarge, UnprocessableInput
 from batching.models.causal import TextGenerator
-from batching.models.generation import Row, Settings, generate_rows
 from batching.models.parameters import InvalidParameter, TaskItem
 from batching.models.seq2seq import Seq2SeqGenerator
 from batching.models.source import ModelSource
@@ -295,29 +293,27 @@ def test_text2text_batched_equals_generate_and_long_inputs_follow_truncate(
 
 
 def test_a_stop_string_ends_its_row_early_and_only_its_row(gpt2: TextGenerator) -> None:
-    tokenizer, model = gpt2._tokenizer, gpt2._model
-    prompts = [gpt2._prepare(i, text) for i, text in enumerate(["the cat", "a dog"])]
-    encoded, offset = gpt2.batch(prompts)
-    settings = Settings.of({"max_new_tokens": 12}, gpt2.defaults)
-    with torch.inference_mode():
-        free = generate_rows(
-            model, tokenizer, encoded, settings, [Row(), Row()], offset=offset, pad_token_id=0
-        )
-    first = tokenizer.decode(free[0, offset : offset + 2].tolist(), skip_special_tokens=True)
-    with torch.inference_mode():
-        stopped = generate_rows(
-            model,
-            tokenizer,
-            encoded,
-            settings,
-            [Row(stop=(first,)), Row()],
-            offset=offset,
-            pad_token_id=0,
-        )
+    items = [TaskItem(text, (("max_new_tokens", 12),)) for text in ["the cat", "a dog"]]
+    free = [gpt2._prepare(i, entry) for i, entry in enumerate(items)]
+    ran = gpt2.decode_batch()
+    pieces = ran.join_many(list(enumerate(free)))
+    first = pieces[0].text + ran.step()[0].text
+    assert first
+    stopped = [
+        gpt2._prepare(0, TaskItem("the cat", (("max_new_tokens", 12), ("stop", (first,))))),
+        free[1],
+    ]
+    batch = gpt2.decode_batch()
+    tokens: dict[int, list[int]] = {0: [], 1: []}
+    pieces = batch.join_many(list(enumerate(stopped)))
+    while pieces:
+        for piece in pieces:
+            tokens[piece.key].append(piece.token_id)
+        batch.leave({piece.key for piece in pieces if piece.finish is not None})
+        pieces = batch.step()
     # Row 0 ends once its text holds the stop string; row 1 runs on, unchanged.
-    assert stopped.shape == free.shape
-    assert (stopped[0, offset + 2 :] == 0).all() and not (free[0, offset + 2 :] == 0).all()
-    assert torch.equal(stopped[1], free[1])
+    assert len(tokens[0]) < 12 and len(tokens[1]) == 12
+    assert gpt2.predict([items[1]]) == [gpt2.answer(free[1], tokens[1])]
 
 
 def test_a_tokenizer_with_neither_pad_nor_eos_token_is_refused_at_load(
@@ -358,3 +354,48 @@ def test_a_repository_default_past_the_models_own_bound_stops_the_start(
         load_and_warm(model, "cpu", 2, warmup=plan)
     fitting = WarmupPlan(parameters=(("max_new_tokens", 2),))
     assert load_and_warm(model, "cpu", 2, warmup=fitting).warmup_batches >= 1
+
+
+def test_a_generating_task_on_process_instances_is_refused_at_start_with_one_line(
+    folders: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The decode loop steps the model on its instance's own thread: a process instance
+    cannot serve it, and says so before anything loads."""
+    from batching.settings.cli import parse_settings
+
+    argv = ["--model", str(folders["gpt2"]), "--task", "text-generation"]
+    capsys.readouterr()  # what building the folder printed
+    with pytest.raises(SystemExit) as exited:
+        parse_settings([*argv, "--instance-kind", "process"], {})
+    assert exited.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "text-generation runs on thread instances" in errors[0]
+    assert parse_settings(argv, {}).models[0].instance_kind == "thread"
+
+
+def test_a_model_whose_cache_cannot_join_a_running_batch_is_refused_at_load(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """Its warm-up runs the decode loop every door runs: a sliding-window cache cannot join
+    and be cut, and the model never reports ready, saying why."""
+    from batching.runtime.warmup import WarmupPlan, load_and_warm
+
+    folder = tmp_path / "mistral"
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folders["gpt2"]))
+    tokenizer.save_pretrained(folder)
+    config = transformers.MistralConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=GPT2_POSITIONS,
+        sliding_window=4,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    transformers.MistralForCausalLM(config).save_pretrained(folder)
+    model = ModelSource.parse(str(folder), "text-generation").build()
+    with pytest.raises(RuntimeError, match="DynamicSlidingWindowLayer layers"):
+        load_and_warm(model, "cpu", 2, warmup=WarmupPlan())

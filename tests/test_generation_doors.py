@@ -188,6 +188,21 @@ def test_a_long_prompt_is_cut_or_a_413_naming_the_limit_on_every_door(
     grpc.close()
 
 
+def test_every_item_of_a_plain_request_is_its_own_sequence_and_a_refusal_names_its_place(
+    server: tuple[str, str],
+) -> None:
+    url, _ = server
+    alone = [generate(url, "gpt2", p, max_new_tokens=5) for p in PROMPTS[:3]]
+    body = {"inputs": PROMPTS[:3], "parameters": {"max_new_tokens": 5}}
+    together = httpx.post(f"{url}/models/gpt2", json=body, timeout=60)
+    assert together.status_code == 200 and together.json()["outputs"] == alone
+    body = {"inputs": ["a dog", LONG], "parameters": {"max_new_tokens": 4, "truncate": False}}
+    refused = httpx.post(f"{url}/models/gpt2", json=body, timeout=60)
+    assert refused.status_code == 413 and "inputs[1] has" in refused.json()["error"]
+    metrics = httpx.get(f"{url}/metrics").text
+    assert sample(metrics, "batching_generation_sequences", model="gpt2") == 0
+
+
 BAD = [
     ({"max_tokens": 5}, "'max_tokens'"),
     ({"max_new_tokens": "5"}, "'max_new_tokens'"),

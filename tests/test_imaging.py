@@ -30,7 +30,7 @@ from batching.models.media import (
     check_media,
 )
 from batching.models.parameters import TaskItem
-from batching.service import check_media_items
+from batching.plane.queueing import check_media_items
 from batching.settings.cli import parse_settings
 from batching.settings.repository import load_repository
 

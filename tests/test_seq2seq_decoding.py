@@ -1,9 +1,10 @@
 """Iteration-level decoding of the encoder-decoders: the running batch of a tiny T5 (relative
 positions) and a tiny BART (absolute positions, a forced end token): greedy tokens are the
-same alone, in a burst of 16 and joining a running batch, and equal ``model.generate``'s;
-rows that leave free both caches' rows; seeded sampling and stop strings per row; a Marian
+same alone, in a burst of 16 (joining one by one, or prefilled together) and joining a
+running batch, and equal ``model.generate``'s; rows that leave free both caches' rows; seeded
+sampling and stop strings per row; the forwards run on the thread governor's counts; a Marian
 decoder (sinusoidal positions) likewise, and decoders whose positions cannot be set per row
-are refused (the streaming doors then answer 400 naming why)."""
+are refused (the model is then refused at load)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import torch
 import transformers
 
 from batching.models.generation import Defaults, Settings
-from batching.models.generator import Prompt
+from batching.models.parameters import TaskItem
+from batching.models.running import Prompt
 from batching.models.seq2seq import Seq2SeqGenerator
 from batching.models.seq2seq_decoding import Seq2SeqDecodeBatch, check_decoder
 from batching.models.source import ModelSource
@@ -92,7 +94,44 @@ def test_greedy_tokens_are_the_same_alone_in_a_burst_and_joining(
     check_company_free(model.decode_batch, items, expected)
 
 
-def test_the_task_prefix_applies_as_on_the_whole_batch_doors(t5: Seq2SeqGenerator) -> None:
+@pytest.mark.parametrize("name", ["t5", "bart"])
+def test_newcomers_prefilled_together_get_the_tokens_they_get_alone(
+    name: str, folders: dict[str, Path], request: pytest.FixtureRequest
+) -> None:
+    model: Seq2SeqGenerator = request.getfixturevalue(name)
+    lengths = [12, 3, 9, 16, 5, 11, 7, 14]
+    items = [item(PROMPTS[i % 8], lengths[i % 8] - i // 8) for i in range(16)]
+    expected = [
+        direct(folders[name], model._prepare(0, entry).ids, lengths[i % 8] - i // 8)
+        for i, entry in enumerate(items)
+    ]
+    # A burst of 16 inputs of different lengths in one padded encoder and first step.
+    burst = run(model.decode_batch(), {0: list(enumerate(items))}, together=True)
+    assert [burst[i] for i in range(16)] == expected
+    # Groups joining a running batch whose inputs are shorter or longer than theirs.
+    joins: dict[int, list[tuple[int, TaskItem]]] = {}
+    for index, entry in enumerate(items):
+        joins.setdefault((index * 7) % 11, []).append((index, entry))
+    joined = run(model.decode_batch(), joins, together=True)
+    assert [joined[i] for i in range(16)] == expected
+
+
+def test_its_forwards_run_on_the_thread_governors_counts(
+    t5: Seq2SeqGenerator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setenv("BATCHING_ADAPTIVE_THREADS", "1")
+    before = torch.get_num_threads()
+    batch = t5.decode_batch()
+    assert not batch.threads.fixed
+    run(batch, {0: [(0, item(PROMPTS[0], 4)), (1, item(PROMPTS[1], 4))]}, together=True)
+    assert torch.get_num_threads() == before
+    for governor in (batch.threads.prefills, batch.threads.steps):
+        (learnt,) = governor.describe().values()  # batches of two rows: one size bucket
+        assert isinstance(learnt, dict) and learnt["us_per_token"]
+
+
+def test_the_task_prefix_applies_as_on_the_other_doors(t5: Seq2SeqGenerator) -> None:
     batch = t5.decode_batch()
     pieces = [batch.join_item(0, item(PROMPTS[0], 8))]
     while pieces[-1].finish is None:

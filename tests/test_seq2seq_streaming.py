@@ -224,3 +224,45 @@ def test_a_short_request_ends_while_a_long_one_runs_and_a_disconnect_stops_it(
         httpx.get(f"{url}/v2/health/ready", timeout=30)
     assert gauge(url, "batching_generation_sequences", "t5") == 0
     assert gauge(url, "batching_generation_reserved_tokens", "t5") == 0
+
+
+def test_the_plain_door_runs_the_same_loop_and_a_client_that_goes_away_stops_it(
+    url: str, folders: dict[str, Path]
+) -> None:
+    import asyncio
+
+    def closed(text: str) -> float:
+        line = 'batching_requests_total{code="499",model="t5"} '
+        found = [row for row in text.splitlines() if row.startswith(line)]
+        return float(found[0].split()[-1]) if found else 0.0
+
+    answer = httpx.post(
+        f"{url}/models/t5",
+        json={"inputs": [PROMPTS[3]], "parameters": {"max_new_tokens": 2}},
+        timeout=60,
+    )
+    assert answer.json()["outputs"] == [{"summary_text": summary(folders, PROMPTS[3], 2)}]
+    before = closed(httpx.get(f"{url}/metrics", timeout=30).text)
+
+    async def leave_while_it_runs() -> None:
+        # 3000 tokens of the tiny T5 run until the client goes away (it never says its end).
+        body = {"inputs": [PROMPTS[0]], "parameters": {"max_new_tokens": 3000}}
+        async with httpx.AsyncClient(timeout=60) as client:
+            posted = asyncio.create_task(client.post(f"{url}/models/t5", json=body))
+            for _ in range(600):
+                running = await asyncio.to_thread(gauge, url, "batching_generation_sequences", "t5")
+                if running == 1:
+                    break
+            assert running == 1
+            posted.cancel()  # the connection closes under the request
+
+    asyncio.run(leave_while_it_runs())
+    for _ in range(600):
+        if gauge(url, "batching_generation_sequences", "t5") == 0:
+            break
+        httpx.get(f"{url}/v2/health/ready", timeout=30)
+    assert gauge(url, "batching_generation_reserved_tokens", "t5") == 0
+    for _ in range(600):
+        if closed(httpx.get(f"{url}/metrics", timeout=30).text) == before + 1:
+            break
+    assert closed(httpx.get(f"{url}/metrics", timeout=30).text) == before + 1

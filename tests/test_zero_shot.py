@@ -20,9 +20,9 @@ from batching.models.nli import ZERO_SHOT_PARAMETERS, nli_logit_ids
 from batching.models.parameters import TaskItem, check_parameters
 from batching.models.source import ModelSource, ModelSourceError
 from batching.models.zero_shot import ZeroShotModel
+from batching.plane import Caller, DataPlane, Deployments
 from batching.runtime.deployment import Deployment
 from batching.runtime.warmup import WarmupPlan, load_and_warm
-from batching.service import DataPlane, Deployments
 from tests.support.tiny import classifier_folder
 
 TASK = "zero-shot-classification"
@@ -229,12 +229,9 @@ async def test_concurrent_requests_share_batches_and_equal_their_single_answers(
             )
             for i in range(16)
         ]
-        answers = await asyncio.gather(
-            *(plane.infer(deployment, [r], deadline=plane.deadline(deployment)) for r in requests)
-        )
+        answers = await asyncio.gather(*(plane.infer(deployment, [r], Caller()) for r in requests))
         for request, got in zip(requests, answers, strict=True):
-            assert got is not None
-            assert_same(got[0], answer(model, request))
+            assert_same(got.outputs[0], answer(model, request))
         count, total, ones = batch_sizes(metrics)
         pairs = sum(len(r.get("candidate_labels")) for r in requests)
         assert total == pairs  # every pair ran once, as a unit of its own
@@ -252,8 +249,7 @@ async def test_a_request_split_over_batches_is_joined_whole(
     plane, deployment, metrics = await started(folder, max_batch_size=4, max_batch_tokens=64)
     try:
         request = item("the cat sat on the mat", candidate_labels=LABELS)
-        got = await plane.infer(deployment, [request], deadline=plane.deadline(deployment))
-        assert got is not None
+        got = (await plane.infer(deployment, [request], Caller())).outputs
         assert_same(got[0], reference("the cat sat on the mat", candidate_labels=LABELS))
         count, total, _ = batch_sizes(metrics)
         assert total == len(LABELS) and count >= 3
@@ -265,8 +261,8 @@ async def test_a_request_split_over_batches_is_joined_whole(
         )
         # Many texts in one request (expanded off the event loop), each answered whole.
         many = [item(TEXTS[i % len(TEXTS)], candidate_labels=["cat", "dog"]) for i in range(20)]
-        got = await plane.infer(deployment, many, deadline=plane.deadline(deployment))
-        assert got is not None and len(got) == 20
+        got = (await plane.infer(deployment, many, Caller())).outputs
+        assert len(got) == 20
         for request, answered in zip(many, got, strict=True):
             assert_same(answered, reference(request.input, candidate_labels=["cat", "dog"]))
     finally:
@@ -277,14 +273,13 @@ async def test_a_request_split_over_batches_is_joined_whole(
 async def test_bad_requests_are_refused_before_they_are_queued(folder: Path) -> None:
     plane, deployment, metrics = await started(folder, max_items_per_request=8)
     try:
-        deadline = plane.deadline(deployment)
         with pytest.raises(InvalidRequest, match="candidate_labels"):
-            await plane.infer(deployment, ["no labels"], deadline=deadline)
+            await plane.infer(deployment, ["no labels"], Caller())
         bad = TaskItem("x", (("candidate_labels", ("a",)), ("hypothesis_template", "none")))
         with pytest.raises(InvalidRequest, match="hypothesis_template"):
-            await plane.infer(deployment, [bad], deadline=deadline)
+            await plane.infer(deployment, [bad], Caller())
         with pytest.raises(PayloadTooLarge, match="at most 8"):
-            await plane.infer(deployment, [item("x", candidate_labels=LABELS)], deadline=deadline)
+            await plane.infer(deployment, [item("x", candidate_labels=LABELS)], Caller())
         assert batch_sizes(metrics)[0] == 0
     finally:
         await deployment.stop(1.0)

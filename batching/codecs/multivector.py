@@ -1,5 +1,5 @@
 """Per-token vectors: the ``POST /embed_all`` body in and out (TEI's keys), the plan of a
-per-token request whatever its door, and its one sequence of data-plane calls.
+per-token request whatever its door (the data plane runs it: :mod:`batching.plane.embedding`).
 
 ``/embed_all`` takes ``{"inputs": text | [text, ...], "truncate": true,
 "truncation_direction": "right", "prompt_name": null, "model": null}`` (``input_type`` too,
@@ -17,7 +17,7 @@ apply to pooled vectors only: asked of per-token vectors they are a 400.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,10 +26,7 @@ import orjson
 
 from batching.errors import InferenceFailed
 from batching.models.items import EmbedItem, TokenVectors
-from batching.runtime.deployment import Deployment
-from batching.service import DataPlane
 
-from .capability import per_token_cap
 from .embed_options import (
     OPTION_NAMES,
     EmbedOptions,
@@ -38,9 +35,6 @@ from .embed_options import (
     embedding_info,
     plan_embedding,
     read_options,
-    refused_text,
-    too_long,
-    truncated_flags,
 )
 from .tokens import json_object, optional_str, texts_of, usage_of
 
@@ -50,7 +44,6 @@ __all__ = [
     "TokenAnswer",
     "encode_embed_all",
     "parse_embed_all_request",
-    "run_per_token",
     "token_options",
     "token_plan",
     "token_vectors",
@@ -59,9 +52,6 @@ __all__ = [
 #: The body's keys: TEI's, ``model``, and every embedding option (so that one asked of pooled
 #: vectors only is refused by name, not as an unknown key).
 EMBED_ALL_KEYS = ("inputs", "model", *OPTION_NAMES)
-
-#: How far the 413 of ``truncate: false`` counts the refused text, to name its length.
-_FULL_COUNT = 1 << 24
 
 
 def token_options(
@@ -123,54 +113,6 @@ class TokenAnswer:
     truncated: list[bool] | None
     #: Tokens the model ran, prompts and special tokens included.
     tokens: int
-
-
-async def run_per_token(
-    plane: DataPlane,
-    deployment: Deployment,
-    plan: EmbedPlan,
-    *,
-    deadline: float,
-    request_id: str = "",
-    disconnected: Callable[[], Awaitable[None]] | None = None,
-) -> TokenAnswer | None:
-    """Run a per-token ``plan`` for ``deployment``; None when the client went away first.
-
-    Each text's tokens are counted first: a text over the model's length with
-    ``truncate: false`` is refused, and the counts cap the batches the items run in
-    (:func:`.capability.per_token_cap`), since their answer grows with their tokens.
-
-    :raises TextTooLong: a text over the model's length, with ``truncate: false``.
-    """
-    items = list(plan.items)
-    counts = await plane.count_tokens(
-        deployment, items, limit=plan.token_limit(), request_id=request_id, deadline=deadline
-    )
-    flags = truncated_flags(plan, counts.lengths)
-    refused = refused_text(plan, flags)
-    if refused is not None:
-        full = await plane.count_tokens(
-            deployment, [items[refused]], limit=_FULL_COUNT, request_id=request_id
-        )
-        # Refused at the edge, as the pooled doors refuse it: counted, never batched.
-        plane.refused(deployment.name, "too_large")
-        raise too_long(plan, refused, full.lengths[0] if full.lengths else _FULL_COUNT)
-    outputs = await plane.infer(
-        deployment,
-        items,
-        deadline=deadline,
-        request_id=request_id,
-        disconnected=disconnected,
-        tokens=counts.used,
-        token_cap=per_token_cap(deployment.metadata, deployment.config.batching),
-    )
-    if outputs is None:
-        return None
-    vectors = token_vectors(outputs)
-    cut = sum(flags) if flags else 0
-    if cut:
-        plane.metrics.truncated.labels(deployment.name).inc(cut)
-    return TokenAnswer(vectors, flags, sum(len(output.ids) for output in vectors))
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,10 +19,9 @@ from typing import Any
 
 import orjson
 
-from batching.errors import InvalidRequest, PayloadTooLarge
+from batching.errors import InvalidRequest
 from batching.models.items import EMBEDDING_KEY, EmbedItem, SparseVector
 from batching.runtime.deployment import Deployment
-from batching.service import DataPlane
 
 from .capability import max_seq_length
 from .embed_options import INPUT_TYPE_ALIASES, OptionError, TextTooLong, read_options
@@ -30,14 +29,13 @@ from .plain import check_texts
 
 __all__ = [
     "KEYS",
-    "check_truncation",
     "OPTIONS",
-    "options_request",
-    "refuse_overlong",
     "SparseRequest",
     "check_lengths",
     "encode_sparse",
+    "options_request",
     "parse_sparse_request",
+    "refused_length",
     "serves_sparse",
     "sparse_items",
 ]
@@ -243,35 +241,15 @@ def encode_sparse(vectors: list[SparseVector], return_tokens: bool) -> bytes:
     return orjson.dumps(answer)
 
 
-async def check_truncation(
-    plane: DataPlane, deployment: Deployment, parameters: Mapping[str, Any], items: list[Any]
-) -> None:
-    """With the parameter ``truncate: false`` on a sparse model (or none, and the server's
-    ``--no-truncate``): refuse an item over its max length (prompt and special tokens
-    counted).
-
-    :raises PayloadTooLarge: naming the item.
-    """
-    if not serves_sparse(deployment.metadata):
-        return
-    asked = parameters.get("truncate")
-    if (deployment.config.truncate if asked is None else asked) is not False:
-        return
-    limit = max_seq_length(deployment.metadata)
-    if limit is None:
-        return
-    counts = await plane.count_tokens(deployment, items, limit=limit + 1)
-    if counts.lengths is not None:
-        refuse_overlong(plane, deployment, counts.lengths, limit)
-
-
-def refuse_overlong(
-    plane: DataPlane, deployment: Deployment, lengths: list[int], limit: int
-) -> None:
-    """:func:`check_lengths`, counting a refusal as a refusal at the edge (``too_large``), as
-    a body over the limit is: the batcher never saw it."""
-    try:
-        check_lengths(lengths, limit)
-    except PayloadTooLarge:
-        plane.refused(deployment.name, "too_large")
-        raise
+def refused_length(
+    deployment: Deployment, truncate: bool | None, metadata: Mapping[str, Any] | None = None
+) -> int | None:
+    """The most tokens a sparse model's item may have when it may not be cut: its max length
+    with ``truncate: false`` (asked, or the server's ``--no-truncate`` when not asked); None
+    when items are cut (or the model is not sparse, or states no length)."""
+    metadata = deployment.metadata if metadata is None else metadata
+    if not serves_sparse(metadata):
+        return None
+    if (deployment.config.truncate if truncate is None else truncate) is not False:
+        return None
+    return max_seq_length(metadata)

@@ -34,10 +34,10 @@ from batching.errors import (
     PermissionDenied,
 )
 from batching.keys import AccessKeys
+from batching.plane import Deployments
 from batching.runtime.cpus import InstanceBudget
 from batching.runtime.deployment import Deployment
 from batching.runtime.warmup import InstanceInfo
-from batching.service import Deployments
 
 from .options import ControlOptions, MakeDeployment
 

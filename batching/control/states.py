@@ -9,7 +9,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from batching.service import Deployments
+from batching.plane import Deployments
 
 __all__ = ["STATES", "StateCollector", "model_states"]
 

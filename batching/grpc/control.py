@@ -15,7 +15,7 @@ from batching.control import ModelControl
 from batching.errors import InvalidRequest
 from batching.kserve.repository import check_unload_parameters, load_overrides
 from batching.log_settings import LogSettings
-from batching.service import DataPlane
+from batching.plane import DataPlane
 
 from .auth import presented_key
 from .v2 import InferenceServicer, _answers_errors

@@ -16,6 +16,7 @@ import grpc
 
 from batching.errors import (
     BatchingError,
+    ClientGone,
     DeadlineExceeded,
     InferenceFailed,
     InvalidRequest,
@@ -28,8 +29,12 @@ from batching.errors import (
 
 __all__ = ["CANCELLED", "INTERNAL", "STATUS_FOR", "status_of"]
 
+#: Counted when the caller cancelled the call before its answer: nginx's 499, as on HTTP.
+CANCELLED = 499
+
 #: An error class, the gRPC status code it is answered with, and the HTTP status it is counted as.
 STATUS_FOR: dict[type[BatchingError], tuple[grpc.StatusCode, int]] = {
+    ClientGone: (grpc.StatusCode.CANCELLED, CANCELLED),
     InvalidRequest: (grpc.StatusCode.INVALID_ARGUMENT, 400),
     PermissionDenied: (grpc.StatusCode.PERMISSION_DENIED, 403),
     ModelNotFound: (grpc.StatusCode.NOT_FOUND, 404),
@@ -42,9 +47,6 @@ STATUS_FOR: dict[type[BatchingError], tuple[grpc.StatusCode, int]] = {
 
 #: Anything that is not a :class:`BatchingError`: a bug, answered without its details.
 INTERNAL = (grpc.StatusCode.INTERNAL, 500)
-
-#: Counted when the caller cancelled the call before its answer: nginx's 499, as on HTTP.
-CANCELLED = 499
 
 
 def status_of(exc: BatchingError) -> tuple[grpc.StatusCode, int]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from batching.service import DataPlane
+from batching.plane import DataPlane
 from batching.tls import CertificateFiles
 
 from .calls import SERVICE, method_handlers

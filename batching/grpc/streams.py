@@ -28,8 +28,8 @@ from tritonclient.grpc import service_pb2
 from batching.answers import internal_message
 from batching.errors import BatchingError, InvalidRequest
 from batching.kserve.infer import items_of, task_items_of, timeout_parameter
-from batching.service import DataPlane
-from batching.streaming import Generation, open_stream
+from batching.plane import Caller, DataPlane, Generation
+from batching.runtime.deployment import Deployment
 
 from .errors import INTERNAL, status_of
 from .tensors import parse_infer_request
@@ -67,8 +67,9 @@ def _error(request: Any, message: str) -> Any:
     return service_pb2.ModelStreamInferResponse(error_message=message, infer_response=response)
 
 
-async def _open(plane: DataPlane, request: Any, context: Any, rid: str) -> Generation:
-    deployment = plane.deployment(request.model_name, request.model_version or None)
+async def _open(
+    plane: DataPlane, deployment: Deployment, request: Any, caller: Caller
+) -> Generation:
     parsed = parse_infer_request(request)
     for wanted in parsed.outputs:
         if wanted.name != TEXT_OUTPUT:
@@ -79,12 +80,8 @@ async def _open(plane: DataPlane, request: Any, context: Any, rid: str) -> Gener
     if len(items) != 1:
         raise InvalidRequest("a streamed request carries one text (an input of one element)")
     items = task_items_of(deployment, parsed, items) or items
-    remaining = context.time_remaining()
-    asked = timeout_parameter(parsed.parameters)
-    if remaining is not None:
-        asked = remaining if asked is None else min(asked, remaining)
-    deadline = plane.deadline(deployment, asked)
-    return await open_stream(plane, deployment, items[0], deadline=deadline, request_id=rid)
+    caller = caller.within(timeout_parameter(parsed.parameters))
+    return await plane.generate(deployment, items[0], caller)
 
 
 async def _serve_one(
@@ -96,11 +93,13 @@ async def _serve_one(
         empty_final = parameter.bool_param
     generation: Generation | None = None
     deployment = None
+    # The call's gRPC deadline; each request's `timeout` parameter may lower it.
+    caller = Caller(rid, context.time_remaining())
     started = plane.now()
     status = INTERNAL[1]
     try:
         deployment = plane.deployment(request.model_name, request.model_version or None)
-        generation = await _open(plane, request, context, rid)
+        generation = await _open(plane, deployment, request, caller)
         status = 200
         async for text, last in generation.parts():
             if last and not empty_final:

@@ -3,7 +3,7 @@
 Health, server and model metadata, model readiness, configuration and statistics, the
 repository index and ``ModelInfer``; errors are gRPC status codes (:mod:`.errors`). What the
 protocol means lives in :mod:`batching.kserve`, as for the HTTP door; this module is its gRPC
-door, a codec over :class:`~batching.service.DataPlane`. ``ModelStreamInfer`` streams a
+door, a codec over :class:`~batching.plane.DataPlane`. ``ModelStreamInfer`` streams a
 generating model's pieces (:mod:`.streams`). The shared-memory and trace RPCs answer
 ``UNIMPLEMENTED``; repository control and the log settings are :mod:`.control`'s.
 """
@@ -24,26 +24,13 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from batching.answers import answer_log, internal_message
-from batching.codecs.embedding import run_embedding
-from batching.codecs.multivector import run_per_token
-from batching.codecs.sparse import check_truncation
 from batching.errors import BatchingError, ModelNotFound, PayloadTooLarge
 from batching.kserve import describe
-from batching.kserve.infer import (
-    embedding_parameters,
-    embedding_plan,
-    embedding_tensors,
-    items_of,
-    output_tensors,
-    task_items_of,
-    timeout_parameter,
-    token_answer_parameters,
-    token_answer_tensors,
-    token_plan_of,
-)
+from batching.kserve.dispatch import answer_infer
+from batching.kserve.infer import items_of
 from batching.kserve.tensors import InferRequest
+from batching.plane import Caller, DataPlane
 from batching.runtime.deployment import Deployment
-from batching.service import DataPlane
 
 from .calls import OFFLOAD_BYTES, REQUEST_ID_KEY, refuse
 from .errors import CANCELLED, INTERNAL, status_of
@@ -58,10 +45,6 @@ _REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
 
 #: A servicer method: ``(self, request, context) -> response``.
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
-
-
-def _lower(first: float | None, second: float | None) -> float | None:
-    return second if first is None else first if second is None else min(first, second)
 
 
 def _parsed(document: Any, message: Any) -> Any:
@@ -172,6 +155,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         rid = self._request_id(request, context)
         context.set_trailing_metadata(((REQUEST_ID_KEY, rid),))
         plane = self.plane
+        # The caller's gRPC deadline; the request's `timeout` parameter may lower it.
+        caller = Caller(rid, context.time_remaining())
         started = plane.now()
         status = INTERNAL[1]
         # Set in the except blocks, answered after them: nothing raised while an exception
@@ -188,45 +173,16 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 parsed, items = await asyncio.to_thread(_decoded, deployment, request)
             else:
                 parsed, items = _decoded(deployment, request)
-            # The caller's gRPC deadline, lowered further by the `timeout` parameter.
-            asked = _lower(context.time_remaining(), timeout_parameter(parsed.parameters))
-            deadline = plane.deadline(deployment, asked)
-            tasked = task_items_of(deployment, parsed, items)
-            if tasked is not None:  # a task's parameters, on its items
-                items, per_token, plan = tasked, None, None
-            else:
-                per_token = token_plan_of(deployment, parsed, items)
-                plan = None if per_token is not None else embedding_plan(deployment, parsed, items)
-            parameters: dict[str, Any] = {}
-            tensors: Any = None
-            if per_token is not None:
-                tokens = await run_per_token(
-                    plane, deployment, per_token, deadline=deadline, request_id=rid
-                )
-                if tokens is not None:
-                    tensors = token_answer_tensors(parsed, tokens)
-                    parameters = token_answer_parameters(tokens)
-            elif plan is None:
-                await check_truncation(plane, deployment, parsed.parameters, items)
-                outputs = await self._infer(deployment, items, deadline, rid)
-                if outputs is not None:
-                    tensors = output_tensors(deployment, outputs)
-            else:
-                answer = await run_embedding(
-                    plane, deployment, plan, deadline=deadline, request_id=rid
-                )
-                if answer is not None:
-                    tensors = embedding_tensors(deployment, plan, answer)
-                    parameters = embedding_parameters(answer)
-            if tensors is None:
-                status = CANCELLED
-                failure = (grpc.StatusCode.CANCELLED, "the call was cancelled")
-            else:
-                response = encode_infer_response(
-                    deployment.name, deployment.config.version, parsed.id, tensors, parameters
-                )
-                status = 200
-                return response
+            answer = await answer_infer(plane, deployment, parsed, items, caller)
+            response = encode_infer_response(
+                deployment.name,
+                deployment.config.version,
+                parsed.id,
+                answer.tensors,
+                answer.parameters,
+            )
+            status = 200
+            return response
         except BatchingError as exc:
             code, status = status_of(exc)
             failure = (code, str(exc))
@@ -258,14 +214,6 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         self.plane.record(None, status, started)
         if reason is not None:
             self.plane.refused("", reason)
-
-    async def _infer(
-        self, deployment: Deployment, items: list[Any], deadline: float, rid: str
-    ) -> list[Any] | None:
-        """``items`` through the data plane. grpc cancels this handler when the call ends
-        (cancelled, or past its deadline); the data plane then drops the items wherever they
-        are in the queue, as it does for a closed HTTP client."""
-        return await self.plane.infer(deployment, items, deadline=deadline, request_id=rid)
 
     def _request_id(self, request: Any, context: Any) -> str:
         """The caller's ``x-request-id`` metadata, else the request's ``id``, else a new one."""

@@ -13,7 +13,6 @@ sequence at the next decode step. The body format is :mod:`batching.codecs.compl
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -38,13 +37,11 @@ from batching.codecs.completions import (
 from batching.codecs.task_parameters import task_items
 from batching.errors import BatchingError
 from batching.models.tasks.generation import streams
-from batching.service import DataPlane
-from batching.streaming import Generation, open_stream
+from batching.plane import DataPlane, Generation
 
-from .errors import CLIENT_CLOSED, recorded, status_of, with_request_id
-from .middleware import request_id_of
+from .errors import recorded, status_of, with_request_id
 from .openai import ANY_METHOD, openai_endpoint, served_model
-from .requests import disconnect_of, read_unattributed_body, timeout_of
+from .requests import read_unattributed_body
 
 __all__ = ["completion_routes", "is_generation_model"]
 
@@ -81,7 +78,7 @@ async def _events(
             yield sse(chunk(parsed, answer_id, created, "", first=True))
         async for text in generation.pieces():
             yield sse(chunk(parsed, answer_id, created, text))
-        yield sse(chunk(parsed, answer_id, created, None, generation.finish))
+        yield sse(chunk(parsed, answer_id, created, None, generation.finish_reason))
         if parsed.include_usage:
             counts = usage(generation.prompt_tokens, generation.completion_tokens)
             yield sse(usage_chunk(parsed, answer_id, created, counts))
@@ -100,38 +97,20 @@ def completion_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
         body = await read_unattributed_body(plane, request, max_body_bytes)
         parsed = parse_chat(body) if chat else parse_completion(body)
         deployment = served_model(plane, parsed.model, is_generation_model, "a generating")
-        request_id = request_id_of(request.scope)
-        with recorded(plane, deployment) as outcome:
-            deadline = plane.deadline(deployment, timeout_of(request))
+        with recorded(plane, deployment, request) as caller:
             (item,) = task_items(deployment, [parsed.input], parsed.parameters, where="the request")
-            generation = await open_stream(
-                plane, deployment, item, deadline=deadline, request_id=request_id
-            )
             if parsed.stream:
-                outcome.status = 200
+                generation = await plane.generate(deployment, item, caller)
                 return StreamingResponse(
-                    _events(parsed, generation, request_id),
+                    _events(parsed, generation, caller.request_id),
                     media_type="text/event-stream",
                     headers=SSE_HEADERS,
                 )
-            answer = asyncio.ensure_future(generation.complete())
-            gone = asyncio.ensure_future(disconnect_of(request)())
-            try:
-                await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                gone.cancel()
-                if not answer.done():
-                    generation.close()
-                    answer.cancel()
-            if not answer.done() or answer.cancelled():
-                outcome.status = CLIENT_CLOSED
-                return Response(status_code=CLIENT_CLOSED)
-            text = answer.result()
-            counts = usage(generation.prompt_tokens, generation.completion_tokens)
+            (done,) = await plane.complete(deployment, [item], caller)
+            counts = usage(done.prompt_tokens, done.completion_tokens)
             result = completion(
-                parsed, new_id(chat), int(time.time()), text, generation.finish, counts
+                parsed, new_id(chat), int(time.time()), done.text, done.finish_reason, counts
             )
-            outcome.status = 200
             return Response(result, media_type="application/json")
 
     async def completions(request: Request) -> Response:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 
 import orjson
 from starlette.exceptions import HTTPException
@@ -16,6 +15,7 @@ from starlette.responses import Response
 from batching.answers import answer_log, internal_message
 from batching.errors import (
     BatchingError,
+    ClientGone,
     DeadlineExceeded,
     InferenceFailed,
     InvalidRequest,
@@ -25,18 +25,17 @@ from batching.errors import (
     Unavailable,
     UnprocessableInput,
 )
+from batching.plane import Caller, DataPlane
 from batching.runtime.deployment import Deployment
-from batching.service import DataPlane
 
 from .connections import hold_resends
 from .middleware import request_id_of
-from .requests import BodyTooLarge
+from .requests import BodyTooLarge, caller_of
 
 __all__ = [
     "CLIENT_CLOSED",
     "EXCEPTION_HANDLERS",
     "STATUS_FOR",
-    "Outcome",
     "error_response",
     "recorded",
     "status_of",
@@ -45,7 +44,11 @@ __all__ = [
 
 logger = logging.getLogger("batching")
 
+#: Counted (and answered, to nobody) when the client hung up before its answer: nginx's code.
+CLIENT_CLOSED = 499
+
 STATUS_FOR: dict[type[BatchingError], int] = {
+    ClientGone: CLIENT_CLOSED,
     InvalidRequest: 400,
     PermissionDenied: 403,
     ModelNotFound: 404,
@@ -55,9 +58,6 @@ STATUS_FOR: dict[type[BatchingError], int] = {
     Unavailable: 503,
     DeadlineExceeded: 504,
 }
-
-#: Counted (and answered, to nobody) when the client hung up before its answer: nginx's code.
-CLIENT_CLOSED = 499
 
 
 def status_of(exc: BatchingError) -> int:
@@ -78,29 +78,25 @@ def error_response(message: str, status: int, headers: Mapping[str, str] | None 
     )
 
 
-@dataclass(slots=True)
-class Outcome:
-    """The status a door answered with; 500 until it says otherwise."""
-
-    status: int = 500
-
-
 @contextlib.contextmanager
-def recorded(plane: DataPlane, deployment: Deployment) -> Iterator[Outcome]:
+def recorded(plane: DataPlane, deployment: Deployment, request: Request) -> Iterator[Caller]:
     """Count and time one request to ``deployment`` under the status it was answered with:
-    what the door set on the outcome, or the status of the error that escaped."""
+    200 when the block returns, else the status of the error that escaped (499 when the
+    client went away). The block gets who asks (:func:`.requests.caller_of`): its deadline
+    counts from here."""
     started = plane.now()
-    outcome = Outcome()
+    status = 500
     try:
-        yield outcome
+        yield caller_of(request)
+        status = 200
     except BatchingError as exc:
-        outcome.status = status_of(exc)
+        status = status_of(exc)
         if isinstance(exc, BodyTooLarge):
             # Refused at the edge: the batcher, which counts the other refusals, never saw it.
             plane.refused(deployment.name, "too_large")
         raise
     finally:
-        plane.record(deployment, outcome.status, started)
+        plane.record(deployment, status, started)
 
 
 def with_request_id(message: str, status: int, request_id: str) -> str:
@@ -111,6 +107,8 @@ def with_request_id(message: str, status: int, request_id: str) -> str:
 
 async def _batching_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, BatchingError)
+    if isinstance(exc, ClientGone):
+        return Response(status_code=CLIENT_CLOSED)  # to nobody
     status = status_of(exc)
     headers = None
     if isinstance(exc, Unavailable):

@@ -8,7 +8,6 @@ before the first byte are the v2 error body with their status, after it a
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 
@@ -23,13 +22,11 @@ from batching.codecs.task_parameters import task_items
 from batching.errors import BatchingError
 from batching.kserve.generate import answer, parse_generate
 from batching.models.parameters import declared_parameters
-from batching.service import DataPlane
-from batching.streaming import Generation, open_stream
+from batching.plane import DataPlane, Generation
 
 from .completions import SSE_HEADERS
-from .errors import CLIENT_CLOSED, recorded, status_of, with_request_id
-from .middleware import request_id_of
-from .requests import disconnect_of, read_body, timeout_of
+from .errors import recorded, status_of, with_request_id
+from .requests import read_body
 
 __all__ = ["generate_routes"]
 
@@ -59,41 +56,23 @@ def generate_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
     async def generate(request: Request, stream: bool) -> Response:
         name = request.path_params["model"]
         deployment = plane.deployment(name, request.path_params.get("version"))
-        with recorded(plane, deployment) as outcome:
-            deadline = plane.deadline(deployment, timeout_of(request))
+        with recorded(plane, deployment, request) as caller:
             body = await read_body(request, max_body_bytes)
             parsed = parse_generate(body, set(declared_parameters(deployment.metadata)))
             (item,) = task_items(
                 deployment, [parsed.text], parsed.parameters, where="the request's parameters"
             )
-            request_id = request_id_of(request.scope)
-            generation = await open_stream(
-                plane, deployment, item, deadline=deadline, request_id=request_id
-            )
             version = deployment.config.version
             if stream:
-                outcome.status = 200
+                generation = await plane.generate(deployment, item, caller)
                 return StreamingResponse(
-                    _events(name, version, generation, request_id),
+                    _events(name, version, generation, caller.request_id),
                     media_type="text/event-stream",
                     headers=SSE_HEADERS,
                 )
-            whole = asyncio.ensure_future(generation.complete())
-            gone = asyncio.ensure_future(disconnect_of(request)())
-            try:
-                await asyncio.wait({whole, gone}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                gone.cancel()
-                if not whole.done():
-                    generation.close()
-                    whole.cancel()
-            if not whole.done() or whole.cancelled():
-                outcome.status = CLIENT_CLOSED
-                return Response(status_code=CLIENT_CLOSED)
-            outcome.status = 200
+            (done,) = await plane.complete(deployment, [item], caller)
             return Response(
-                orjson.dumps(answer(name, version, whole.result())),
-                media_type="application/json",
+                orjson.dumps(answer(name, version, done.text)), media_type="application/json"
             )
 
     async def generate_whole(request: Request) -> Response:

@@ -14,17 +14,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from batching.codecs.capability import TOKENS
-from batching.codecs.multivector import (
-    encode_embed_all,
-    parse_embed_all_request,
-    run_per_token,
-    token_plan,
-)
-from batching.service import DataPlane
+from batching.codecs.multivector import encode_embed_all, parse_embed_all_request, token_plan
+from batching.plane import DataPlane
 
-from .errors import CLIENT_CLOSED, recorded
-from .middleware import request_id_of
-from .requests import disconnect_of, timeout_of
+from .errors import recorded
 from .tokens import model_for, parsed_body, require
 
 __all__ = ["multivector_routes"]
@@ -36,9 +29,8 @@ def multivector_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
     async def embed_all(request: Request) -> Response:
         parsed = await parsed_body(plane, request, max_body_bytes, parse_embed_all_request)
         deployment = model_for(plane, parsed.model)
-        with recorded(plane, deployment) as outcome:
+        with recorded(plane, deployment, request) as caller:
             require(plane, deployment, TOKENS, "/embed_all")
-            deadline = plane.deadline(deployment, timeout_of(request))
             plan = token_plan(
                 parsed.texts,
                 parsed.options,
@@ -46,19 +38,8 @@ def multivector_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
                 model=deployment.name,
                 truncate_default=deployment.config.truncate,
             )
-            answer = await run_per_token(
-                plane,
-                deployment,
-                plan,
-                deadline=deadline,
-                request_id=request_id_of(request.scope),
-                disconnected=disconnect_of(request),
-            )
-            if answer is None:
-                outcome.status = CLIENT_CLOSED
-                return Response(status_code=CLIENT_CLOSED)
+            answer = await plane.per_token(deployment, plan, caller)
             body = encode_embed_all(deployment.name, answer)
-            outcome.status = 200
             return Response(body, media_type="application/json")
 
     return [Route("/embed_all", embed_all, methods=["POST"])]

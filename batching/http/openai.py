@@ -27,7 +27,6 @@ from starlette.routing import Route
 
 from batching.answers import answer_log, internal_message
 from batching.codecs.embed_options import EmbedOptions, plan_embedding
-from batching.codecs.embedding import run_embedding
 from batching.codecs.openai import (
     MAX_INPUT_TOKENS,
     check_token_limits,
@@ -41,6 +40,7 @@ from batching.codecs.openai import (
 from batching.codecs.served import served
 from batching.errors import (
     BatchingError,
+    ClientGone,
     DeadlineExceeded,
     InferenceFailed,
     InvalidRequest,
@@ -51,19 +51,22 @@ from batching.errors import (
     Unavailable,
     UnprocessableInput,
 )
+from batching.plane import DataPlane, TokenLimits
 from batching.runtime.deployment import Deployment
-from batching.service import DataPlane
 
 from .connections import hold_resends
-from .errors import CLIENT_CLOSED, recorded, status_of, with_request_id
+from .errors import recorded, status_of, with_request_id
 from .middleware import request_id_of
-from .requests import disconnect_of, read_unattributed_body, timeout_of
+from .requests import read_unattributed_body
 
 __all__ = ["ANY_METHOD", "openai_endpoint", "openai_error", "openai_routes", "served_model"]
 
 logger = logging.getLogger("batching")
 
 Endpoint = Callable[[Request], Awaitable[Response]]
+
+#: OpenAI's limits on each input's tokens, counted beside the model's (and for usage).
+OPENAI_LIMITS = TokenLimits(MAX_INPUT_TOKENS + 1, check_token_limits)
 
 #: Every method a route of these doors takes, to answer the wrong ones itself.
 ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -149,6 +152,8 @@ def openai_endpoint(handler: Endpoint, method: str) -> Endpoint:
             )
         try:
             return await handler(request)
+        except ClientGone:
+            raise  # nobody to answer: the app's handler counts it
         except BatchingError as exc:
             return openai_error(exc, request)
         except Exception as exc:
@@ -190,8 +195,7 @@ def openai_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
         body = await read_unattributed_body(plane, request, max_body_bytes)
         parsed = parse_embeddings_request(body)
         deployment = served_model(plane, parsed.model, is_embedding_model, "an embedding")
-        with recorded(plane, deployment) as outcome:
-            deadline = plane.deadline(deployment, timeout_of(request))
+        with recorded(plane, deployment, request) as caller:
             if not deployment.metadata and parsed.options != EmbedOptions(
                 encoding=parsed.options.encoding, base64=parsed.options.base64
             ):
@@ -204,20 +208,7 @@ def openai_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
                 truncate_default=deployment.config.truncate,
                 encoding_name="encoding_format",
             )
-            answer = await run_embedding(
-                plane,
-                deployment,
-                plan,
-                deadline=deadline,
-                request_id=request_id_of(request.scope),
-                disconnected=disconnect_of(request),
-                count=True,
-                at_least=MAX_INPUT_TOKENS + 1,
-                check_lengths=check_token_limits,
-            )
-            if answer is None:
-                outcome.status = CLIENT_CLOSED
-                return Response(status_code=CLIENT_CLOSED)
+            answer = await plane.embed(deployment, plan, caller, OPENAI_LIMITS)
             result = encode_embeddings(
                 parsed.model,
                 answer.vectors,
@@ -225,7 +216,6 @@ def openai_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
                 answer.tokens or 0,
                 answer.truncated,
             )
-            outcome.status = 200
             return _json(result)
 
     def described(deployment: Deployment) -> dict[str, Any]:

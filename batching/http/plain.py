@@ -14,7 +14,6 @@ from batching.codecs.embed_options import (
     plan_embedding,
     read_options,
 )
-from batching.codecs.embedding import run_embedding
 from batching.codecs.inputs import input_specs
 from batching.codecs.openai import is_embedding_model
 from batching.codecs.plain import (
@@ -24,15 +23,14 @@ from batching.codecs.plain import (
     media_request,
     parse_request,
 )
-from batching.codecs.sparse import check_truncation, options_request, serves_sparse, sparse_items
+from batching.codecs.sparse import options_request, refused_length, serves_sparse, sparse_items
 from batching.codecs.task_parameters import declares_parameters, task_items
 from batching.errors import InvalidRequest, NotReady
+from batching.plane import DataPlane
 from batching.runtime.deployment import Deployment
-from batching.service import DataPlane
 
-from .errors import CLIENT_CLOSED, recorded
-from .middleware import request_id_of
-from .requests import disconnect_of, infer_for_request, read_body, timeout_of
+from .errors import recorded
+from .requests import read_body
 
 __all__ = ["plain_routes"]
 
@@ -58,19 +56,19 @@ def plain_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
 
     async def predict(request: Request) -> Response:
         deployment = plane.deployment(request.path_params.get("model_name"))
-        with recorded(plane, deployment) as outcome:
-            deadline = plane.deadline(deployment, timeout_of(request))
+        with recorded(plane, deployment, request) as caller:
             body = await read_body(request, max_body_bytes)
             content_type = request.headers.get("content-type", "")
             parsed = media_request(body, content_type, deployment.metadata) or parse_request(
                 body, content_type
             )
             inputs = check_inputs(parsed.inputs, input_specs(deployment.metadata))
+            limit = None
             if parsed.options and serves_sparse(deployment.metadata):
                 # A sparse model's options: its items, and the 413 of truncate: false.
                 asked = options_request(inputs, parsed.options, where="the request")
                 inputs = sparse_items(asked, deployment.metadata)
-                await check_truncation(plane, deployment, parsed.options, inputs)
+                limit = refused_length(deployment, parsed.options.get("truncate"))
             elif declares_parameters(deployment):
                 # A task's parameters (every key beside inputs, or in "parameters").
                 inputs = task_items(deployment, inputs, parsed.options, where="the request")
@@ -82,17 +80,7 @@ def plain_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
                     model=deployment.name,
                     truncate_default=deployment.config.truncate,
                 )
-                answer = await run_embedding(
-                    plane,
-                    deployment,
-                    plan,
-                    deadline=deadline,
-                    request_id=request_id_of(request.scope),
-                    disconnected=disconnect_of(request),
-                )
-                if answer is None:
-                    outcome.status = CLIENT_CLOSED
-                    return Response(status_code=CLIENT_CLOSED)
+                answer = await plane.embed(deployment, plan, caller)
                 as_base64 = plan.options.base64
                 body = encode_embeddings(
                     deployment.name,
@@ -100,14 +88,11 @@ def plain_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
                     truncated=answer.truncated,
                     tokens=answer.tokens,
                 )
-                outcome.status = 200
                 return Response(body, media_type="application/json")
-            outputs = await infer_for_request(plane, request, deployment, inputs, deadline)
-            if outputs is None:
-                outcome.status = CLIENT_CLOSED
-                return Response(status_code=CLIENT_CLOSED)
-            outcome.status = 200
-            return Response(encode_outputs(deployment.name, outputs), media_type="application/json")
+            done = await plane.infer(deployment, inputs, caller, max_length=limit)
+            return Response(
+                encode_outputs(deployment.name, done.outputs), media_type="application/json"
+            )
 
     return [
         Route("/", predict, methods=["POST"]),

@@ -1,24 +1,22 @@
 """What every HTTP door reads from a request: its body (bounded), the deadline it asks for,
-and whether its client is still there."""
+and whether its client is still there (together: its :class:`~batching.plane.Caller`)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from starlette.requests import Request
 
 from batching.errors import InvalidRequest, PayloadTooLarge
-from batching.runtime.deployment import Deployment
-from batching.service import DataPlane
+from batching.plane import Caller, DataPlane
 
 from .middleware import request_id_of
 
 __all__ = [
     "TIMEOUT_HEADER",
     "BodyTooLarge",
+    "caller_of",
     "disconnect_of",
-    "infer_for_request",
     "read_body",
     "read_unattributed_body",
     "timeout_of",
@@ -93,15 +91,10 @@ def disconnect_of(request: Request) -> Callable[[], Awaitable[None]]:
     return disconnected
 
 
-async def infer_for_request(
-    plane: DataPlane, request: Request, deployment: Deployment, inputs: list[Any], deadline: float
-) -> list[Any] | None:
-    """``inputs`` through the data plane for ``request``: under its request id, and dropped
-    if its client hangs up first (then None)."""
-    return await plane.infer(
-        deployment,
-        inputs,
-        deadline=deadline,
-        request_id=request_id_of(request.scope),
-        disconnected=disconnect_of(request),
-    )
+def caller_of(request: Request) -> Caller:
+    """Who asks: the request's id, the timeout its header asks for, and its disconnect; its
+    deadline counts from now (call it as the request arrives).
+
+    :raises InvalidRequest: a timeout header that is not a positive number.
+    """
+    return Caller(request_id_of(request.scope), timeout_of(request), disconnect_of(request))

@@ -19,12 +19,11 @@ from starlette.routing import Route
 
 from batching.codecs.inputs import takes_pairs
 from batching.codecs.rerank import encode_rerank, pair_items, parse_rerank_request, relevance_of
-from batching.service import DataPlane
+from batching.plane import DataPlane
 
-from .errors import CLIENT_CLOSED, recorded
-from .middleware import request_id_of
+from .errors import recorded
 from .openai import ANY_METHOD, openai_endpoint, served_model
-from .requests import disconnect_of, read_unattributed_body, timeout_of
+from .requests import read_unattributed_body
 
 __all__ = ["rerank_routes"]
 
@@ -36,28 +35,12 @@ def rerank_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
         body = await read_unattributed_body(plane, request, max_body_bytes)
         parsed = parse_rerank_request(body)
         deployment = served_model(plane, parsed.model, takes_pairs, "a text-pair (rerank)")
-        with recorded(plane, deployment) as outcome:
-            deadline = plane.deadline(deployment, timeout_of(request))
+        with recorded(plane, deployment, request) as caller:
             items: list[Any] = pair_items(parsed)
-            counts = await plane.count_tokens(
-                deployment, items, request_id=request_id_of(request.scope), deadline=deadline
-            )
-            outputs = await plane.infer(
-                deployment,
-                items,
-                deadline=deadline,
-                request_id=request_id_of(request.scope),
-                disconnected=disconnect_of(request),
-                tokens=counts.used,
-            )
-            if outputs is None:
-                outcome.status = CLIENT_CLOSED
-                return Response(status_code=CLIENT_CLOSED)
+            done = await plane.infer(deployment, items, caller, count=True)
             labels = [str(label) for label in deployment.metadata.get("labels") or []]
-            scores = [relevance_of(output, labels, parsed.model) for output in outputs]
-            tokens = sum(counts.used) if counts.used is not None else 0
-            answer = encode_rerank(parsed, parsed.model, scores, tokens)
-            outcome.status = 200
+            scores = [relevance_of(output, labels, parsed.model) for output in done.outputs]
+            answer = encode_rerank(parsed, parsed.model, scores, done.tokens or 0)
             return Response(answer, media_type="application/json")
 
     return [Route("/v1/rerank", openai_endpoint(rerank, "POST"), methods=ANY_METHOD)]

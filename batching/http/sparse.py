@@ -16,21 +16,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from batching.codecs.capability import max_seq_length
 from batching.codecs.sparse import (
     encode_sparse,
     parse_sparse_request,
-    refuse_overlong,
+    refused_length,
     serves_sparse,
     sparse_items,
 )
 from batching.errors import InvalidRequest, ModelNotFound, NotReady
+from batching.plane import DataPlane
 from batching.runtime.deployment import Deployment
-from batching.service import DataPlane
 
-from .errors import CLIENT_CLOSED, recorded
-from .middleware import request_id_of
-from .requests import disconnect_of, read_unattributed_body, timeout_of
+from .errors import recorded
+from .requests import read_unattributed_body
 
 __all__ = ["sparse_routes", "sparse_model"]
 
@@ -78,36 +76,15 @@ def sparse_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
         body = await read_unattributed_body(plane, request, max_body_bytes)
         parsed = parse_sparse_request(body)
         deployment = sparse_model(plane, parsed.model)
-        with recorded(plane, deployment) as outcome:
-            deadline = plane.deadline(deployment, timeout_of(request))
+        with recorded(plane, deployment, request) as caller:
             metadata = deployment.metadata
             if not metadata:
                 # Its prompts and limits are known once it has loaded.
                 raise NotReady(f"model {deployment.name!r} is loading", retry_after=1.0)
             items: list[Any] = sparse_items(parsed, metadata)
-            limit = max_seq_length(metadata)
-            truncate = deployment.config.truncate if parsed.truncate is None else parsed.truncate
-            counts = await plane.count_tokens(
-                deployment,
-                items,
-                limit=None if truncate or limit is None else limit + 1,
-                deadline=deadline,
-            )
-            if counts.lengths is not None and limit is not None:
-                refuse_overlong(plane, deployment, counts.lengths, limit)
-            outputs = await plane.infer(
-                deployment,
-                items,
-                deadline=deadline,
-                request_id=request_id_of(request.scope),
-                disconnected=disconnect_of(request),
-                tokens=counts.used,
-            )
-            if outputs is None:
-                outcome.status = CLIENT_CLOSED
-                return Response(status_code=CLIENT_CLOSED)
-            answer = encode_sparse(outputs, parsed.return_tokens)
-            outcome.status = 200
+            limit = refused_length(deployment, parsed.truncate, metadata)
+            done = await plane.infer(deployment, items, caller, count=True, max_length=limit)
+            answer = encode_sparse(done.outputs, parsed.return_tokens)
             return Response(answer, media_type="application/json")
 
     return [Route("/embed_sparse", embed_sparse, methods=["POST"])]

@@ -26,11 +26,11 @@ from batching.codecs.tokens import (
     parse_tokenize_request,
 )
 from batching.errors import BatchingError, NotReady, UnprocessableInput
+from batching.plane import DataPlane
 from batching.runtime.deployment import Deployment
-from batching.service import DataPlane
 
-from .errors import CLIENT_CLOSED, recorded, status_of
-from .requests import infer_for_request, read_unattributed_body, timeout_of
+from .errors import recorded, status_of
+from .requests import read_unattributed_body
 
 __all__ = ["model_for", "parsed_body", "require", "token_routes"]
 
@@ -89,33 +89,21 @@ def token_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
     async def tokenize(request: Request) -> Response:
         parsed = await parsed_body(plane, request, max_body_bytes, parse_tokenize_request)
         deployment = model_for(plane, parsed.model)
-        with recorded(plane, deployment) as outcome:
+        with recorded(plane, deployment, request) as caller:
             require(plane, deployment, TOKENIZE, "/tokenize")
-            deadline = plane.deadline(deployment, timeout_of(request))
             prompt = resolve_prompt(deployment.metadata, parsed.prompt_name, deployment.name)
-            items: list[object] = list(parsed.items(prompt))
-            outputs = await infer_for_request(plane, request, deployment, items, deadline)
-            if outputs is None:
-                outcome.status = CLIENT_CLOSED
-                return Response(status_code=CLIENT_CLOSED)
-            body = encode_tokens(deployment.name, outputs)
-            outcome.status = 200
+            done = await plane.infer(deployment, list(parsed.items(prompt)), caller)
+            body = encode_tokens(deployment.name, done.outputs)
             return Response(body, media_type="application/json")
 
     async def decode(request: Request) -> Response:
         parsed = await parsed_body(plane, request, max_body_bytes, parse_decode_request)
         deployment = model_for(plane, parsed.model)
-        with recorded(plane, deployment) as outcome:
+        with recorded(plane, deployment, request) as caller:
             require(plane, deployment, TOKENIZE, "/decode")
-            deadline = plane.deadline(deployment, timeout_of(request))
             check_ids(parsed, vocab_size(deployment.metadata), deployment.name)
-            items: list[object] = list(parsed.items())
-            outputs = await infer_for_request(plane, request, deployment, items, deadline)
-            if outputs is None:
-                outcome.status = CLIENT_CLOSED
-                return Response(status_code=CLIENT_CLOSED)
-            body = encode_decoded(deployment.name, outputs)
-            outcome.status = 200
+            done = await plane.infer(deployment, list(parsed.items()), caller)
+            body = encode_decoded(deployment.name, done.outputs)
             return Response(body, media_type="application/json")
 
     return [

@@ -15,31 +15,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from batching.codecs.embedding import run_embedding
-from batching.codecs.multivector import run_per_token
-from batching.codecs.sparse import check_truncation
 from batching.errors import InvalidRequest
 from batching.kserve import describe
-from batching.kserve.infer import (
-    embedding_parameters,
-    embedding_plan,
-    embedding_tensors,
-    items_of,
-    output_tensors,
-    task_items_of,
-    timeout_parameter,
-    token_answer_parameters,
-    token_answer_tensors,
-    token_plan_of,
-)
+from batching.kserve.dispatch import answer_infer
+from batching.kserve.infer import items_of
 from batching.kserve.request import parse_infer_request
 from batching.kserve.response import encode_infer_response
+from batching.plane import DataPlane
 from batching.runtime.deployment import Deployment
-from batching.service import DataPlane
 
-from .errors import CLIENT_CLOSED, recorded
-from .middleware import request_id_of
-from .requests import disconnect_of, infer_for_request, read_body, timeout_of
+from .errors import recorded
+from .requests import read_body
 
 __all__ = ["v2_routes"]
 
@@ -60,10 +46,6 @@ def _header_length(request: Request) -> int | None:
         raise InvalidRequest(
             f"Inference-Header-Content-Length must be an integer: {raw!r}"
         ) from None
-
-
-def _lower(first: float | None, second: float | None) -> float | None:
-    return second if first is None else first if second is None else min(first, second)
 
 
 def v2_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
@@ -100,65 +82,20 @@ def v2_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
 
     async def infer(request: Request) -> Response:
         deployment = deployment_of(request)
-        with recorded(plane, deployment) as outcome:
-            asked = timeout_of(request)
+        with recorded(plane, deployment, request) as caller:
             header_length = _header_length(request)
             body = await read_body(request, max_body_bytes)
             parsed = parse_infer_request(body, header_length)
-            asked = _lower(asked, timeout_parameter(parsed.parameters))
-            deadline = plane.deadline(deployment, asked)
             items = items_of(deployment, parsed)
-            tasked = task_items_of(deployment, parsed, items)
-            if tasked is not None:  # a task's parameters, on its items
-                items, per_token, plan = tasked, None, None
-            else:
-                per_token = token_plan_of(deployment, parsed, items)
-                plan = None if per_token is not None else embedding_plan(deployment, parsed, items)
-            parameters: dict[str, Any] = {}
-            if per_token is not None:
-                tokens = await run_per_token(
-                    plane,
-                    deployment,
-                    per_token,
-                    deadline=deadline,
-                    request_id=request_id_of(request.scope),
-                    disconnected=disconnect_of(request),
-                )
-                if tokens is None:
-                    outcome.status = CLIENT_CLOSED
-                    return Response(status_code=CLIENT_CLOSED)
-                tensors = token_answer_tensors(parsed, tokens)
-                parameters = token_answer_parameters(tokens)
-            elif plan is None:
-                await check_truncation(plane, deployment, parsed.parameters, items)
-                outputs = await infer_for_request(plane, request, deployment, items, deadline)
-                if outputs is None:
-                    outcome.status = CLIENT_CLOSED
-                    return Response(status_code=CLIENT_CLOSED)
-                tensors = output_tensors(deployment, outputs)
-            else:
-                answer = await run_embedding(
-                    plane,
-                    deployment,
-                    plan,
-                    deadline=deadline,
-                    request_id=request_id_of(request.scope),
-                    disconnected=disconnect_of(request),
-                )
-                if answer is None:
-                    outcome.status = CLIENT_CLOSED
-                    return Response(status_code=CLIENT_CLOSED)
-                tensors = embedding_tensors(deployment, plan, answer)
-                parameters = embedding_parameters(answer)
+            answer = await answer_infer(plane, deployment, parsed, items, caller)
             body, length = encode_infer_response(
                 deployment.name,
                 deployment.config.version,
                 parsed.id,
-                tensors,
+                answer.tensors,
                 parsed.binary_output_names(describe.output_names(deployment)),
-                parameters,
+                answer.parameters,
             )
-            outcome.status = 200
             if length is None:
                 return Response(body, media_type="application/json")
             return Response(

@@ -23,8 +23,8 @@ from batching.control import model_states
 from batching.metrics import Duration, ModelEvents, ModelStatistics
 from batching.models.parameters import PARAMETERS_KEY
 from batching.models.protocol import MAX_SEQ_LENGTH_KEY
+from batching.plane import Deployments
 from batching.runtime.deployment import Deployment
-from batching.service import Deployments
 
 from .multivector import ragged_parameters, token_output_metadata
 

@@ -1,8 +1,8 @@
 """text-generation: a decoder-only model (GPT-2, Llama, Qwen, ...) continuing each prompt,
-batched with its own ``generate`` (not the pipeline).
+token by token in its running batch (:mod:`.decoding`; not the pipeline).
 
 - A tokenizer without a pad token (GPT-2's own) pads with its end-of-text token (one log
-  line at load); prompts are padded on the left, so every row's new tokens start together.
+  line at load); prompts are padded on the left when they are prefilled together.
 - A prompt longer than the model's positions allow, less the ``max_new_tokens`` it asks for,
   is cut from the left (its end is kept: that is what the model continues), or with
   ``truncate: false`` refused with a 413 naming the limit.
@@ -15,13 +15,13 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar
 
-import torch
 from transformers.models.auto.modeling_auto import AutoModelForCausalLM
 
 from .decoding import DecodeBatch, check_cache
 from .generation import MAX_NEW_TOKENS_CAP, Settings, cut_at_stop
 from .generator import Generator, Prompt
 from .parameters import Param
+from .pieces import Answer
 from .tasks.generation import TEXT_GENERATION
 from .texts import max_length_of
 
@@ -78,7 +78,7 @@ class TextGenerator(Generator):
         tokenizer.truncation_side = "left"
 
     def decode_batch(self) -> DecodeBatch:
-        """An empty running batch for iteration-level decoding on this instance.
+        """An empty running batch of this instance's model.
 
         :raises NotImplementedError: the model's cache cannot join a running batch.
         """
@@ -87,31 +87,20 @@ class TextGenerator(Generator):
         if eos is None:
             eos = self._tokenizer.eos_token_id
         ends = [eos] if isinstance(eos, int) else list(eos or [])
-        return DecodeBatch(self._model, self._tokenizer, ends, self._prepare)
+        return DecodeBatch(self._model, self._tokenizer, ends, self._prepare, self.answer)
 
     def empty_input(self) -> list[int]:
         # An empty prompt starts from the beginning-of-text token, as GPT-2 was trained to.
         bos = self._tokenizer.bos_token_id
         return [bos] if bos is not None else []
 
-    def batch(self, prompts: list[Prompt]) -> tuple[dict[str, torch.Tensor], int]:
-        width = max(len(prompt.ids) for prompt in prompts)
-        pad = self._tokenizer.pad_token_id
-        ids = [[pad] * (width - len(p.ids)) + p.ids for p in prompts]
-        mask = [[0] * (width - len(p.ids)) + [1] * len(p.ids) for p in prompts]
-        encoded = {
-            "input_ids": torch.tensor(ids, dtype=torch.long, device=self._device),
-            "attention_mask": torch.tensor(mask, dtype=torch.long, device=self._device),
-        }
-        return encoded, width
-
-    def answer(self, prompt: Prompt, new_ids: list[int]) -> dict[str, Any]:
+    def answer(self, prompt: Prompt, new_ids: list[int]) -> Answer:
         tokenizer = self._tokenizer
         # As the pipeline does: decode prompt and completion together and drop the prompt's
         # decoded length, so a tokenizer that joins words across them decodes them right.
         before = tokenizer.decode(prompt.ids, skip_special_tokens=True)
         whole = tokenizer.decode(prompt.ids + new_ids, skip_special_tokens=True)
-        completion = cut_at_stop(whole[len(before) :], prompt.row.stop)
+        completion = cut_at_stop(whole[len(before) :], prompt.stop)
         if prompt.parameters.get("return_full_text", True):
             return {"generated_text": prompt.text + completion}
         return {"generated_text": completion}

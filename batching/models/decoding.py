@@ -1,41 +1,30 @@
-"""Iteration-level decoding for text-generation: a running batch of sequences that advances one
-token per step, which new sequences join and finished ones leave between any two steps.
+"""The running batch of a causal LM (text-generation): the cache of the rows that
+:class:`~.running.RunningBatchBase` joins, steps and lets leave.
 
 Why our own loop and not transformers' continuous-batching manager: the manager
 (``init_continuous_batching``/``generate_batch``) runs on CPU since 5.x, but it switches the
-model to paged attention (a normal forward on the same model then fails, so the whole-batch
-path and the warm-up could not share the model), it sizes its cache from the machine's total
-RAM, and it takes no per-request logits processors (ours sample each row with its own seeded
-generator and stop on per-row strings). ``benchmarks/generation.py`` measures it beside this
-loop. The cache is transformers' ``DynamicCache`` whose layers are views of buffers this
-batch owns (:class:`_Window`: rows by columns, with room to grow):
+model to paged attention (a normal forward on the same model then fails), it sizes its cache
+from the machine's total RAM, and it takes no per-request logits processors (ours sample each
+row with its own seeded generator and stop on per-row strings). ``benchmarks/generation.py``
+measures it beside this loop. The cache is transformers' ``DynamicCache`` whose layers are
+views of buffers this batch owns (:class:`_Window`: rows by columns, with room to grow):
 
 - **join**: the newcomers of one turn are prefilled together, in one forward left-padded to
   the longest (an attention mask and position ids that count real tokens only: each row's
-  cache and first token are what it would get alone), and their first tokens picked from
-  it; their cache rows are copied into free rows of the buffers, right-aligned with the
-  batch's columns (the shorter side is padding, hidden by the attention mask);
+  cache and first token are what it would get alone); their cache rows are copied into free
+  rows of the buffers, right-aligned with the batch's columns (the shorter side is padding,
+  hidden by the attention mask);
 - **step**: one forward of the last token of every running row; each layer writes its new
   column into the buffers in place (no copy of the cache, which ``DynamicCache``'s own
-  concatenation made at every step), and one ``argmax`` picks the token of every greedy row;
+  concatenation made at every step);
 - **leave**: a finished row's place is taken by one of the last rows (only that row is
   copied), and columns that are padding for every remaining row are cut by moving the
   window's start; the buffers are dropped when the batch empties, so memory follows the live
   sequences. When a step or a newcomer needs room they lack, they grow by half again.
-
-The forwards run on the thread count the thread governor learns for their number of rows
-(:mod:`.engines.governor`), as whole batches do: beside other work a step on fewer threads
-can be many times faster.
-
-Everything here runs on the model's instance thread (``torch`` releases the GIL); the
-scheduler that decides who joins and leaves is :mod:`batching.runtime.decoding`.
 """
 
 from __future__ import annotations
 
-import os
-import time
-from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from typing import Any, cast
 
@@ -43,14 +32,9 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .engines.contention import Contention
-from .engines.cores import CORES
-from .engines.governor import ThreadGovernor, thread_choices
-from .engines.options import ADAPTIVE_THREADS_VARIABLE, thread_budget
-from .generator import Prompt
-from .picking import Sequence, Token, advance, pick, sequence_of
+from .running import Prompt, Row, RunningBatchBase, pad
 
-__all__ = ["DecodeBatch", "Sequence", "Token", "cache_layers", "check_cache"]
+__all__ = ["DecodeBatch", "cache_layers", "check_cache"]
 
 
 class _Window:
@@ -157,134 +141,28 @@ class _WindowLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         return self.get_seq_length() + query_length, 0
 
 
-class _Threads:
-    """The intra-op threads of the loop's forwards, learnt as the whole batches' are
-    (:mod:`.engines.governor`): a team as large as the budget where the cores are free, fewer
-    beside other work (there a team of two can run a step ten times as long). Steps and
-    prefills learn apart (their costs per token differ), each by its number of rows."""
+class DecodeBatch(RunningBatchBase[tuple[DynamicCache, torch.Tensor]]):
+    """The running batch of one causal-LM instance: its rows (:class:`~.running.Row`), their
+    cache in a :class:`_Window` and their attention mask.
 
-    def __init__(self) -> None:
-        budget = thread_budget()
-        choices = thread_choices(budget)
-        self.fixed = os.environ.get(ADAPTIVE_THREADS_VARIABLE, "1") == "0" or len(choices) < 2
-        self.contention = None if self.fixed else Contention.for_budget(budget)
-        others = self.contention.others if self.contention is not None else None
-        self.steps = ThreadGovernor(choices, others)
-        self.prefills = ThreadGovernor(choices, others)
-
-    def run(
-        self, governor: ThreadGovernor, rows: int, tokens: int, forward: Callable[[], Any]
-    ) -> Any:
-        """``forward()`` on the thread count ``governor`` picks for ``rows`` rows, timed."""
-        if self.fixed:
-            return forward()
-        threads = governor.pick(rows, CORES.granted())
-        before = torch.get_num_threads()
-        if before != threads:
-            torch.set_num_threads(threads)
-        started = time.perf_counter()
-        try:
-            result = forward()
-        finally:
-            # The whole batches that share the instance's thread keep their own count.
-            if before != threads:
-                torch.set_num_threads(before)
-        seconds = time.perf_counter() - started
-        governor.observe(rows, tokens, threads, seconds)
-        if self.contention is not None:
-            self.contention.ran(threads, seconds)
-        return result
-
-
-class DecodeBatch:
-    """The running batch of one instance: its sequences, their cache and attention mask.
-
-    :param model: the loaded transformers causal LM.
-    :param tokenizer: its tokenizer.
-    :param eos: the token ids that end a sequence.
+    Built as :class:`~.running.RunningBatchBase` is (``model``: the loaded transformers
+    causal LM; ``eos``: the token ids that end a row).
     """
 
-    def __init__(
-        self,
-        model: Any,
-        tokenizer: Any,
-        eos: Seq[int],
-        prepare: Callable[[int, Any], Prompt] | None = None,
-    ) -> None:
-        self.model = model
-        self.prepare = prepare
-        self.tokenizer = tokenizer
-        self.eos = frozenset(eos)
-        self.device = model.device
-        pad = getattr(tokenizer, "pad_token_id", None)
-        self.pad = pad if isinstance(pad, int) else 0
-        self.rows: list[Sequence] = []
-        self.window = _Window()
-        self.cache: DynamicCache | None = None
-        self.mask: torch.Tensor | None = None  # [rows, columns] of the cache, 1 = real
-        self.threads = _Threads()
+    window: _Window
+    cache: DynamicCache | None
 
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    @property
-    def columns(self) -> int:
-        return 0 if self.mask is None else int(self.mask.shape[1])
+    def prefix_of(self, prompt: Prompt) -> list[int]:
+        return prompt.ids
 
     # -- join -------------------------------------------------------------------------------
 
-    def join_item(self, key: int, item: Any) -> Token:
-        """Prepare a request's item (tokenise, truncate or refuse) and :meth:`join` it."""
-        if self.prepare is None:
-            raise RuntimeError("this batch was built without a way to prepare items")
-        return self.join(key, self.prepare(0, item))
-
-    def join_items(self, items: Seq[tuple[int, Any]]) -> list[Token | BaseException]:
-        """Prepare several requests' items and :meth:`join_many` them in one prefill: each
-        gets its first token, or the exception that fails it alone (an item that cannot be
-        prepared; if the shared prefill raises, each is retried alone, so only the one that
-        fails fails)."""
-        if self.prepare is None:
-            raise RuntimeError("this batch was built without a way to prepare items")
-        outcomes: list[Token | BaseException] = []
-        ready: list[tuple[int, Prompt]] = []
-        places: list[int] = []
-        for key, item in items:
-            try:
-                ready.append((key, self.prepare(0, item)))
-                places.append(len(outcomes))
-                outcomes.append(RuntimeError("not joined"))
-            except Exception as exc:
-                outcomes.append(exc)
-        if len(ready) > 1:
-            try:
-                tokens: list[Token | BaseException] = list(self.join_many(ready))
-            except Exception:
-                tokens = [self._join_alone(key, prompt) for key, prompt in ready]
-        else:
-            tokens = [self._join_alone(key, prompt) for key, prompt in ready]
-        for place, token in zip(places, tokens, strict=True):
-            outcomes[place] = token
-        return outcomes
-
-    def _join_alone(self, key: int, prompt: Prompt) -> Token | BaseException:
-        try:
-            return self.join(key, prompt)
-        except Exception as exc:
-            return exc
-
-    def join(self, key: int, prompt: Prompt) -> Token:
-        """Prefill ``prompt`` alone, pick its first token and add its rows to the batch."""
-        return self.join_many([(key, prompt)])[0]
-
-    def join_many(self, prompts: Seq[tuple[int, Prompt]]) -> list[Token]:
-        """Prefill ``prompts`` in one forward (left-padded to the longest, with an attention
-        mask and position ids that count real tokens only: each row's cache and first token
-        are what it would get alone), pick their first tokens and add their rows."""
-        sequences = [sequence_of(key, prompt, self.device) for key, prompt in prompts]
-        width = max(len(prompt.ids) for _, prompt in prompts)
-        ids = [[self.pad] * (width - len(p.ids)) + p.ids for _, p in prompts]
-        real = [[0] * (width - len(p.ids)) + [1] * len(p.ids) for _, p in prompts]
+    def _prefill(self, rows: list[Row]) -> tuple[torch.Tensor, tuple[DynamicCache, torch.Tensor]]:
+        """The newcomers in one forward, left-padded to the longest, with an attention mask
+        and position ids that count real tokens only."""
+        width = max(len(row.prompt.ids) for row in rows)
+        ids = [[self.pad] * (width - len(r.prompt.ids)) + r.prompt.ids for r in rows]
+        real = [[0] * (width - len(r.prompt.ids)) + [1] * len(r.prompt.ids) for r in rows]
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         mask = torch.tensor(real, dtype=torch.long, device=self.device)
         cache = DynamicCache(config=self.model.config)
@@ -300,107 +178,64 @@ class DecodeBatch:
                     logits_to_keep=1,
                 )
 
-        output = self.threads.run(self.threads.prefills, len(prompts), int(mask.numel()), forward)
-        picked = self._pick_all(sequences, output.logits[:, -1])
-        pairs = zip(sequences, picked, strict=True)
-        tokens = [self._advance(sequence, token) for sequence, token in pairs]
-        # Added last: whatever raised before leaves the batch as it was.
-        self._append(sequences, cache, mask)
-        return tokens
+        output = self.threads.run(self.threads.prefills, len(rows), int(mask.numel()), forward)
+        return output.logits[:, -1], (cache, mask)
 
-    def _append(self, sequences: list[Sequence], cache: DynamicCache, mask: torch.Tensor) -> None:
+    def _append(self, rows: list[Row], joined: tuple[DynamicCache, torch.Tensor]) -> None:
+        """The newcomers' cache rows copied into free rows of the buffers, right-aligned with
+        the batch's columns (the shorter side is padding, hidden by the attention mask)."""
+        cache, mask = joined
         window, width = self.window, int(mask.shape[1])
         layers = cache_layers(cache)
         if not self.rows:
             window.count, window.start, window.end = 0, 0, 0
         start = min(window.start, window.end - width)
         like = [layer.keys for layer in layers if layer.keys is not None]
-        window.reserve(window.count + len(sequences), start, window.end, like)
+        window.reserve(window.count + len(rows), start, window.end, like)
         start = min(window.start, window.end - width)
-        rows = slice(window.count, window.count + len(sequences))
+        fresh = slice(window.count, window.count + len(rows))
         columns = slice(window.end - width, window.end)
         for index, layer in enumerate(layers):
             assert layer.keys is not None and layer.values is not None
-            window.keys[index][rows, :, columns] = layer.keys
-            window.values[index][rows, :, columns] = layer.values
+            window.keys[index][fresh, :, columns] = layer.keys
+            window.values[index][fresh, :, columns] = layer.values
         if self.mask is None or not self.rows:
-            self.mask = _pad_left(mask, window.end - start)
+            self.mask = pad(mask, window.end - start, 1)
         else:
-            self.mask = torch.cat(
-                [_pad_left(self.mask, window.end - start), _pad_left(mask, window.end - start)]
-            )
+            width = window.end - start
+            self.mask = torch.cat([pad(self.mask, width, 1), pad(mask, width, 1)])
         window.start = start
-        window.count += len(sequences)
-        self.rows.extend(sequences)
+        window.count += len(rows)
+        self.rows.extend(rows)
         if self.cache is None:
             self.cache = DynamicCache(config=self.model.config)
             self.cache.layers = [_WindowLayer(window, i) for i in range(len(layers))]
 
     # -- step -------------------------------------------------------------------------------
 
-    def step(self) -> list[Token]:
-        """One token for every running sequence."""
-        if not self.rows or self.cache is None or self.mask is None:
-            return []
+    def _forward(self, last: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Each layer writes its new column into the buffers in place."""
+        assert self.cache is not None and self.mask is not None
         window = self.window
         if window.end >= window.columns_capacity:
             window.reserve(window.count, window.start, window.end + 1, window.keys)
-        last = torch.tensor(
-            [[row.new_ids[-1]] for row in self.rows], dtype=torch.long, device=self.device
-        )
-        positions = self.mask.sum(dim=1, keepdim=True)
-        mask = torch.cat([self.mask, torch.ones_like(last)], dim=1)
-        cache = self.cache
-
-        def forward() -> Any:
-            with torch.inference_mode():
-                return self.model(
-                    input_ids=last,
-                    attention_mask=mask,
-                    position_ids=positions,
-                    cache=cache,
-                    use_cache=True,
-                )
-
-        rows = len(self.rows)
-        output = self.threads.run(self.threads.steps, rows, rows, forward)
+        with torch.inference_mode():
+            output = self.model(
+                input_ids=last,
+                attention_mask=mask,
+                position_ids=self.mask.sum(dim=1, keepdim=True),
+                cache=self.cache,
+                use_cache=True,
+            )
         window.end += 1
-        self.mask = mask
-        picked = self._pick_all(self.rows, output.logits[:, -1])
-        return [self._advance(row, token) for row, token in zip(self.rows, picked, strict=True)]
-
-    def _pick_all(self, sequences: Seq[Sequence], logits: torch.Tensor) -> list[int]:
-        """Each row's next token: one argmax for all greedy rows without processors, the
-        others one by one."""
-        picked: list[int] = logits.argmax(dim=-1).tolist()
-        for index, sequence in enumerate(sequences):
-            if sequence.generator is not None or len(sequence.processors):
-                picked[index] = self._pick(sequence, logits[index])
-        return picked
-
-    def _pick(self, sequence: Sequence, logits: torch.Tensor) -> int:
-        return pick(sequence, logits, sequence.prompt.ids + sequence.new_ids)
-
-    def _advance(self, sequence: Sequence, token: int) -> Token:
-        """Record ``token`` for ``sequence``: the text it adds and whether it ended it."""
-        return advance(sequence, token, self.eos, self.tokenizer)
+        logits: torch.Tensor = output.logits[:, -1]
+        return logits
 
     # -- leave ------------------------------------------------------------------------------
 
-    def leave(self, keys: set[int]) -> None:
-        """Drop the sequences in ``keys`` and their cache rows: the last rows move into the
-        freed ones (only their rows are copied), and columns that are padding for every
-        remaining row are cut."""
-        if not keys:
-            return
-        gone = [index for index, row in enumerate(self.rows) if row.key in keys]
-        if not gone:
-            return
+    def _reorder(self, gone: list[int]) -> list[int]:
+        """The last rows move into the freed ones (only their rows are copied)."""
         kept = len(self.rows) - len(gone)
-        if kept == 0 or self.mask is None:
-            self.rows, self.cache, self.mask = [], None, None
-            self.window = _Window()
-            return
         holes = [index for index in gone if index < kept]
         gone_set = set(gone)
         movers = [index for index in range(kept, len(self.rows)) if index not in gone_set]
@@ -408,17 +243,18 @@ class DecodeBatch:
         order = list(range(len(self.rows)))
         for hole, mover in zip(holes, movers, strict=True):
             order[hole] = mover
-        order = order[:kept]
-        self.rows = [self.rows[index] for index in order]
-        self.mask = self.mask[order]
         self.window.count = kept
-        # Columns that are padding in every remaining row hold nothing: cut them.
-        used = self.mask.any(dim=0).nonzero()
-        first = int(used[0]) if len(used) else 0
-        if first > 0:
-            self.mask = self.mask[:, first:]
-            self.window.start += first
+        return order[:kept]
+
+    def _cut(self, first: int) -> None:
+        self.window.start += first
+
+    def _after_leave(self) -> None:
         self.window.shrink()
+
+    def _clear(self) -> None:
+        self.cache = None
+        self.window = _Window()
 
 
 def cache_layers(cache: DynamicCache) -> list[DynamicLayer]:
@@ -438,15 +274,3 @@ def check_cache(config: Any) -> None:
                 f"its cache has {type(layer).__name__} layers; only full-attention layers "
                 "join a running batch"
             )
-
-
-def _pad_left(tensor: torch.Tensor, width: int) -> torch.Tensor:
-    """``tensor`` (a mask [rows, columns] or a cache [rows, heads, columns, dim]) padded with
-    zeros on the left of its column axis to ``width`` columns."""
-    axis = 1 if tensor.dim() == 2 else 2
-    missing = width - tensor.shape[axis]
-    if missing <= 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[axis] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=axis)

@@ -1,40 +1,17 @@
-"""What the generating tasks share: their request parameters with one model's numbers, the
-settings of one group of rows, and the generation step (one ``generate`` call over a batch of
-rows).
+"""What the generating tasks share: their request parameters with one model's numbers, and
+the settings a row generates with (:class:`Settings`: the request's, the repository's or the
+model's defaults). Pure: no torch.
 
-The step is the model's own ``generate`` with two additions of ours, both per row, so that a
-row's text never depends on the rows it is batched with:
-
-- **sampling** is done by :class:`RowSampler`, a logits processor that draws each row's next
-  token with that row's own ``torch.Generator`` (seeded from the request's ``seed``, or at
-  random), after the group's temperature, top-k and top-p. ``generate`` itself then runs
-  greedy over the processed logits. A seeded request therefore gets the same text alone or in
-  any batch, and instances on other threads never share a random state;
-- **stop strings** are checked by :class:`StopTexts`, a stopping criterion that ends each row
-  when its own generated text holds one of its own stop strings.
-
-Rows share one call where their :class:`Settings` match (``max_new_tokens``, ``do_sample``,
-``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``); the ``batch_neutral``
-parameters are per row.
+Every generating path runs the iteration-level decode loop (:mod:`.running`): a row's token
+is picked by its own sampler (:mod:`.sampling`), so its text never depends on the rows it runs
+with; the ``batch_neutral`` parameters (``seed``, ``stop``, ``truncate``, ...) are per row.
 """
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
-
-import torch
-import transformers
-from transformers.generation.logits_process import (
-    LogitsProcessor,
-    LogitsProcessorList,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
-from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
+from typing import Any, Protocol
 
 from .parameters import Param, TaskItem
 from .tasks.generation import MAX_STOP_LENGTH, MAX_STOP_STRINGS
@@ -43,12 +20,9 @@ __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
     "MAX_NEW_TOKENS_CAP",
     "Defaults",
-    "Row",
-    "RowSampler",
     "Settings",
-    "StopTexts",
+    "check_stop",
     "cut_at_stop",
-    "generate_rows",
     "generation_params",
     "input_text",
 ]
@@ -60,6 +34,17 @@ DEFAULT_MAX_NEW_TOKENS = 64
 MIN_TEMPERATURE = 1e-4
 #: The most new tokens a request may ask for when the model's positions do not bound it.
 MAX_NEW_TOKENS_CAP = 4096
+
+
+class GenerationConfig(Protocol):
+    """What :meth:`Defaults.of` reads of a model's ``transformers.GenerationConfig``."""
+
+    max_new_tokens: int | None
+    do_sample: bool | None
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    repetition_penalty: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +60,7 @@ class Defaults:
     repetition_penalty: float = 1.0
 
     @classmethod
-    def of(cls, config: transformers.GenerationConfig, max_new_tokens: int | None) -> Defaults:
+    def of(cls, config: GenerationConfig, max_new_tokens: int | None) -> Defaults:
         """The defaults ``config`` (the model's generation config) sets; ``max_new_tokens``
         bounds the length (the model's positions allow no more)."""
         length = config.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
@@ -108,7 +93,7 @@ def generation_params(
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """The settings one ``generate`` call runs with (a group of rows)."""
+    """The settings a row generates with."""
 
     max_new_tokens: int
     do_sample: bool
@@ -134,14 +119,6 @@ class Settings:
             top_k=int(get("top_k")),
             repetition_penalty=float(get("repetition_penalty")),
         )
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    """What one row asks of the step beyond its group's settings."""
-
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
 
 
 def input_text(item: Any) -> tuple[str, dict[str, Any]]:
@@ -176,113 +153,3 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> str:
     """``text`` up to (not including) the first of the ``stop`` strings in it."""
     cut = min((index for index in (text.find(s) for s in stop) if index >= 0), default=-1)
     return text if cut < 0 else text[:cut]
-
-
-class RowSampler(LogitsProcessor):
-    """Draws each row's next token with the row's own generator, after the group's
-    temperature, top-k and top-p, and leaves only that token possible; greedy decoding then
-    picks it. Rows never share a random state, so a row's draw does not depend on its batch."""
-
-    def __init__(self, settings: Settings, generators: Sequence[torch.Generator]) -> None:
-        self.generators = list(generators)
-        self.warpers = LogitsProcessorList()
-        if settings.temperature != 1.0:
-            self.warpers.append(TemperatureLogitsWarper(settings.temperature))
-        if settings.top_k > 0:
-            self.warpers.append(TopKLogitsWarper(settings.top_k))
-        if settings.top_p < 1.0:
-            self.warpers.append(TopPLogitsWarper(settings.top_p))
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        warped = self.warpers(input_ids, scores)
-        probabilities = torch.softmax(warped.float(), dim=-1)
-        chosen = torch.stack(
-            [
-                torch.multinomial(probabilities[row], 1, generator=generator)
-                for row, generator in enumerate(self.generators)
-            ]
-        )
-        only = torch.full_like(scores, float("-inf"))
-        only.scatter_(1, chosen, 0.0)
-        return only  # type: ignore[return-value]
-
-
-class StopTexts(StoppingCriteria):
-    """Ends each row once its generated text (from ``offset`` on) holds one of its stop
-    strings; rows without any never stop here.
-
-    It is asked after every new token, so a stop string that was not there before can only
-    end at the newest token: each row decodes only its last tokens, enough to hold its longest
-    stop string (a token is at least a byte, a character at most four), not its whole text.
-    """
-
-    def __init__(self, tokenizer: Any, stops: Sequence[tuple[str, ...]], offset: int) -> None:
-        self.tokenizer = tokenizer
-        self.stops = list(stops)
-        self.offset = offset
-        self.windows = [4 * max((len(s) for s in stop), default=0) + 4 for stop in self.stops]
-
-    def __call__(
-        self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any
-    ) -> torch.BoolTensor:
-        length = input_ids.shape[1]
-        done = []
-        for row, stop in enumerate(self.stops):
-            if not stop:
-                done.append(False)
-                continue
-            start = max(self.offset, length - self.windows[row])
-            tail = self.tokenizer.decode(input_ids[row, start:], skip_special_tokens=True)
-            done.append(any(s in tail for s in stop))
-        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
-
-
-def generate_rows(
-    model: Any,
-    tokenizer: Any,
-    encoded: Mapping[str, torch.Tensor],
-    settings: Settings,
-    rows: Sequence[Row],
-    *,
-    offset: int,
-    pad_token_id: int,
-) -> torch.Tensor:
-    """One ``generate`` call over a batch of rows that share ``settings``; the returned
-    sequences hold each row's new tokens from ``offset`` on (the padded prompt's length for a
-    decoder, 1 for an encoder-decoder's start token).
-
-    Greedy rows run with the model's generation config (beam search where it asks for it);
-    sampled rows draw with :class:`RowSampler` (one beam). Call it under
-    ``torch.inference_mode()``.
-    """
-    config = model.generation_config
-    kwargs: dict[str, Any] = {
-        "max_new_tokens": settings.max_new_tokens,
-        "pad_token_id": pad_token_id,
-        # Sampling is ours (RowSampler): generate always picks the most likely token.
-        "do_sample": False,
-        "temperature": None,
-        "top_p": None,
-        "top_k": None,
-        "repetition_penalty": settings.repetition_penalty,
-    }
-    processors = LogitsProcessorList()
-    criteria = StoppingCriteriaList()
-    beams = int(config.num_beams or 1)
-    if settings.do_sample:
-        beams = 1
-        generators = [
-            torch.Generator(device=model.device).manual_seed(
-                row.seed if row.seed is not None else secrets.randbits(63)
-            )
-            for row in rows
-        ]
-        processors.append(RowSampler(settings, generators))
-    kwargs["num_beams"] = beams
-    if beams == 1 and any(row.stop for row in rows):
-        criteria.append(StopTexts(tokenizer, [row.stop for row in rows], offset))
-    output = model.generate(
-        **encoded, logits_processor=processors, stopping_criteria=criteria, **kwargs
-    )
-    sequences: torch.Tensor = output if isinstance(output, torch.Tensor) else output.sequences
-    return sequences

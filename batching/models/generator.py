@@ -1,16 +1,17 @@
-"""A model that answers each text with generated text, run by its own ``generate``: what the
-decoder-only (:mod:`.causal`) and the encoder-decoder (:mod:`.seq2seq`) generators share.
+"""A model that answers each text with generated text: what the decoder-only
+(:mod:`.causal`) and the encoder-decoder (:mod:`.seq2seq`) generators share.
 
-``predict`` first prepares every item (tokenises it and applies its ``truncate`` rule, so an
-input the model cannot take fails the batch before any token is generated), then groups the
-batch by the parameters that change the forward pass and runs each group as one ``generate``
-call (:func:`~.generation.generate_rows`), and answers each item in its place.
+Every item runs through the model's running batch (:meth:`Generator.decode_batch`,
+:mod:`.running`), token by token: the doors' items through the scheduler
+(:mod:`batching.runtime.decoding`), which joins them as they come; a direct ``predict`` (the
+warm-up's) with every item joining at once. Each item is prepared first (tokenised, its
+``truncate`` rule applied: an input the model cannot take fails before any token is
+generated), and answered from its new tokens (:meth:`Generator.answer`).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -31,31 +32,19 @@ from .engines.options import EngineOptions
 from .generation import (
     MAX_NEW_TOKENS_CAP,
     Defaults,
-    Row,
     Settings,
     check_stop,
     cut_at_stop,
-    generate_rows,
     generation_params,
     input_text,
 )
 from .parameters import PARAMETERS_KEY, Param, Parameters, TaskItem
+from .pieces import Answer
+from .running import Prompt, RunningBatchBase
 from .tasks.generation import CHAT_TEMPLATE_KEY
 from .texts import DEFAULT_MAX_LENGTH, LazyCounter
 
 __all__ = ["Generator", "Prompt"]
-
-
-@dataclass(slots=True)
-class Prompt:
-    """One item, prepared: its text as sent, its token ids as the model reads them, its
-    parameters and what its row asks of the generation step."""
-
-    text: str
-    ids: list[int]
-    parameters: dict[str, Any]
-    settings: Settings
-    row: Row = field(default_factory=Row)
 
 
 class Generator:
@@ -123,14 +112,23 @@ class Generator:
         """The text the model reads for ``text`` (a task prefix added, ...)."""
         return text
 
-    def batch(self, prompts: list[Prompt]) -> tuple[dict[str, torch.Tensor], int]:
-        """The padded batch of ``prompts``, and where new tokens start in the output."""
+    def positions(self) -> int:
+        """The most tokens a sequence may hold (the scheduler's default token budget is
+        ``max_batch_size`` of these)."""
         raise NotImplementedError
 
-    def answer(self, prompt: Prompt, new_ids: list[int]) -> dict[str, Any]:
+    def decode_batch(self) -> RunningBatchBase[Any]:
+        """An empty running batch of this instance's model.
+
+        :raises NotImplementedError: the model's cache or decoder cannot run as a running
+            batch (it is then refused at load: its warm-up runs one).
+        """
+        raise NotImplementedError
+
+    def answer(self, prompt: Prompt, new_ids: list[int]) -> Answer:
         """The answer to ``prompt`` from its row's new token ids."""
         completion = cut_at_stop(
-            self._tokenizer.decode(new_ids, skip_special_tokens=True), prompt.row.stop
+            self._tokenizer.decode(new_ids, skip_special_tokens=True), prompt.stop
         )
         return {self.answer_key: completion}
 
@@ -161,32 +159,12 @@ class Generator:
     # -- serving ----------------------------------------------------------------------------
 
     def predict(self, inputs: list[Any]) -> list[Any]:
+        """Every item through a running batch of its own, all joining at once (the doors'
+        items go through the scheduler instead: :mod:`batching.runtime.decoding`)."""
         if self._model is None:
             raise RuntimeError(f"{type(self).__name__}.predict called before load()")
         prompts = [self._prepare(index, item) for index, item in enumerate(inputs)]
-        answers: list[Any] = [None] * len(inputs)
-        # One generate call per group of rows whose settings match: the parameters that are
-        # not batch-neutral, as the request, the repository or the model's defaults set them
-        # (a request that spells out a default runs with the requests that leave it out).
-        groups: dict[Settings, list[int]] = {}
-        for position, prompt in enumerate(prompts):
-            groups.setdefault(prompt.settings, []).append(position)
-        for settings, positions in groups.items():
-            group = [prompts[position] for position in positions]
-            encoded, offset = self.batch(group)
-            with torch.inference_mode():
-                sequences = generate_rows(
-                    self._model,
-                    self._tokenizer,
-                    encoded,
-                    settings,
-                    [prompt.row for prompt in group],
-                    offset=offset,
-                    pad_token_id=self._tokenizer.pad_token_id,
-                )
-            for row, position in enumerate(positions):
-                answers[position] = self.answer(prompts[position], sequences[row, offset:].tolist())
-        return answers
+        return list(self.decode_batch().complete(prompts))
 
     def _prepare(self, index: int, item: Any) -> Prompt:
         """``item`` tokenised and truncated by its rule.
@@ -216,7 +194,7 @@ class Generator:
             ids = self.empty_input()
             if not ids:
                 raise UnprocessableInput(f"inputs[{index}] is empty: give a text to start from")
-        return Prompt(text, ids, parameters, settings, Row(parameters.get("seed"), stop))
+        return Prompt(text, ids, parameters, settings, parameters.get("seed"), stop)
 
     def limit_reason(self, settings: Settings) -> str:
         return ""

@@ -1,11 +1,11 @@
 """summarization, translation and text2text-generation: an encoder-decoder model (T5, BART,
-Marian, ...) answering each text, batched with its own ``generate`` (transformers 5 removed
-these pipelines).
+Marian, ...) answering each text, token by token in its running batch
+(:mod:`.seq2seq_decoding`; transformers 5 removed these pipelines).
 
 - The task's entry in the model's ``config.task_specific_params`` applies as the pipelines
   applied it: its ``prefix`` is put before each text (T5's ``"summarize: "``), its generation
-  settings (``num_beams``, ``min_length``, ``no_repeat_ngram_size``, ...) become the model's
-  defaults, and its ``max_length`` the default ``max_new_tokens``.
+  settings (``min_length``, ``no_repeat_ngram_size``, ...) become the model's defaults, and
+  its ``max_length`` the default ``max_new_tokens``. Every row runs one beam.
 - translation: the languages are the ones the model's ``translation_<src>_to_<tgt>`` entries
   name. ``--task translation_en_to_de`` picks the default pair; a request picks another with
   ``src_lang`` and ``tgt_lang`` (declared only when the model names several pairs). A model
@@ -15,8 +15,8 @@ these pipelines).
 - An input longer than the encoder's limit is cut at the end (the start is kept), or with
   ``truncate: false`` refused with a 413 naming the limit.
 - Answers: ``{"summary_text"}``, ``{"translation_text"}``, ``{"generated_text"}``.
-- The streaming doors run the same model token by token (:meth:`Seq2SeqGenerator.decode_batch`,
-  :mod:`.seq2seq_decoding`), each item prepared as here (prefix, languages, truncation).
+- Every door runs the model token by token (:meth:`Seq2SeqGenerator.decode_batch`), each
+  item prepared as here (prefix, languages, truncation).
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, ClassVar
 
-import torch
 from transformers.models.auto.modeling_auto import AutoModelForSeq2SeqLM
 
 from .generation import MAX_NEW_TOKENS_CAP, Settings
 from .generator import Generator, Prompt
 from .parameters import Param, TaskItem
+from .pieces import Answer
 from .seq2seq_decoding import Seq2SeqDecodeBatch
 from .tasks.generation import SUMMARIZATION, TEXT2TEXT_GENERATION, TRANSLATION, pair_of
 from .texts import DEFAULT_MAX_LENGTH, max_length_of, position_limit
@@ -143,16 +143,15 @@ class Seq2SeqGenerator(Generator):
 
     def positions(self) -> int:
         """The most tokens a sequence may hold: its longest input and longest answer (the
-        streaming doors' default token budget is ``max_batch_size`` of these)."""
+        scheduler's default token budget is ``max_batch_size`` of these)."""
         return (self.max_seq_length or DEFAULT_MAX_LENGTH) + self.max_new_tokens_limit()
 
     def decode_batch(self) -> Seq2SeqDecodeBatch:
-        """An empty running batch for iteration-level decoding on this instance (the
-        streaming doors).
+        """An empty running batch of this instance's model.
 
         :raises NotImplementedError: the model's decoder cannot run as a running batch.
         """
-        return Seq2SeqDecodeBatch(self._model, self._tokenizer, self._prepare)
+        return Seq2SeqDecodeBatch(self._model, self._tokenizer, self._prepare, self.answer)
 
     def declared(self) -> tuple[Param, ...]:
         return self._declared
@@ -198,19 +197,7 @@ class Seq2SeqGenerator(Generator):
         except ValueError:
             return text  # a pair the model does not name: its join answers why
 
-    def batch(self, prompts: list[Prompt]) -> tuple[dict[str, torch.Tensor], int]:
-        width = max(len(prompt.ids) for prompt in prompts)
-        pad = self._tokenizer.pad_token_id
-        ids = [p.ids + [pad] * (width - len(p.ids)) for p in prompts]
-        mask = [[1] * len(p.ids) + [0] * (width - len(p.ids)) for p in prompts]
-        encoded = {
-            "input_ids": torch.tensor(ids, dtype=torch.long, device=self._device),
-            "attention_mask": torch.tensor(mask, dtype=torch.long, device=self._device),
-        }
-        # The decoder's output starts with its start token.
-        return encoded, 1
-
-    def answer(self, prompt: Prompt, new_ids: list[int]) -> dict[str, Any]:
+    def answer(self, prompt: Prompt, new_ids: list[int]) -> Answer:
         text = super().answer(prompt, new_ids)[self.answer_key]
         return {self.answer_key_of: text}
 

@@ -1,25 +1,28 @@
-"""The iteration-level scheduler of a text-generation model: a second scheduler beside the
-batcher, for requests that generate token by token (the streaming doors).
+"""The iteration-level scheduler of a generating model (causal or encoder-decoder): every
+request to it, whatever its door, runs here, beside the batcher.
 
-Each instance runs a loop of decode steps on its own thread (the batcher's whole batches
-take the same thread between steps). Before every step, the ones whose client went away or
-whose deadline passed leave, and waiting requests join the running batch: their prefill runs
-first, all of a turn's newcomers together when the batch offers ``join_items``, and their
-first tokens go out while the step runs (a newcomer does not wait for the running rows'
-step before its first token). After the step, finished ones leave at once, freeing their
-rows of the cache. A request's tokens reach it as they come (:class:`Stream`).
+Each instance runs a loop of decode steps on its own thread. Before every step, the streams
+that finished (cancelled by their door, or past their deadline) leave, and waiting requests
+join the running batch: a turn's newcomers are prefilled together, and their first tokens go
+out while the step runs (a newcomer does not wait for the running rows' step before its first
+token). After the step, finished ones leave at once, freeing their rows of the cache. A
+request's pieces reach it as they come (:class:`Stream`); a door that answers the whole text
+gathers them.
 
 Admission counts tokens: a request reserves its prompt's tokens plus its ``max_new_tokens``
 (the most cache it can fill) from the model's budget (``--max-batch-tokens``; by default
-``max_batch_size`` sequences of the model's full length) until it ends. A request that would
-overdraw the budget is refused at once, 503 with Retry-After; one larger than the whole
+``max_batch_size`` sequences of the model's full length) until its row leaves. A request that
+would overdraw the budget is refused at once, 503 with Retry-After; one larger than the whole
 budget can never run, a 413. At most ``max_batch_size`` sequences run on an instance at once;
 more wait their turn (they hold their reservation).
 
-Faults stay per sequence: a prompt that cannot be prepared (too long with ``truncate: false``,
-not a text) or whose prefill raises fails that request only. A step raises only for what the
-whole batch shares (the model itself): it fails the sequences of that batch, and the loop
-goes on with a fresh one.
+A stream's life is one value, its :class:`~batching.models.pieces.Status`: waiting, running,
+then finished by its length, a stop string or the end token (the running batch says), or
+cancelled, or an error (this scheduler says). Faults stay per stream: an item that cannot be
+prepared (too long with ``truncate: false``, not a text) or whose prefill raises fails that
+stream only (the running batch tries a failed shared prefill one by one). A step raises only
+for what the whole batch shares (the model itself): it fails the streams of that batch, and
+the loop goes on with a fresh one.
 """
 
 from __future__ import annotations
@@ -30,21 +33,22 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from batching.core.events import BatchEvents, NoEvents
 from batching.errors import (
     BatchingError,
     DeadlineExceeded,
     InferenceFailed,
-    InvalidRequest,
     NotReady,
     Overloaded,
     PayloadTooLarge,
 )
+from batching.models.pieces import Joining, Piece, Status
 
-__all__ = ["Decoder", "Piece", "RunningBatch", "Stream"]
+__all__ = ["RunningBatch", "StepScheduler", "Stream", "run_scheduler"]
 
 logger = logging.getLogger("batching")
 
@@ -54,84 +58,94 @@ T = TypeVar("T")
 CallModel = Callable[[Callable[[Any], T]], Awaitable[T]]
 
 
-class Piece(Protocol):
-    """What a step hands a sequence (:class:`batching.models.decoding.Token`)."""
-
-    key: int
-    token_id: int
-    text: str
-    finish: str | None
-    prompt_tokens: int
-
-
 class RunningBatch(Protocol):
-    """The model side of the loop (:class:`batching.models.decoding.DecodeBatch`).
-
-    A batch may also offer ``join_items(items: Sequence[tuple[int, Any]]) ->
-    list[Piece | BaseException]``: the newcomers of one turn (key and item) prefilled
-    together, each with its first piece or the exception that fails it alone, in their order.
-    The loop uses it when it is there, and ``join_item`` one by one otherwise.
-    """
+    """The model side of the loop (:class:`batching.models.running.RunningBatchBase`)."""
 
     def __len__(self) -> int: ...
-    def join_item(self, key: int, item: Any) -> Piece: ...
+
+    def join_items(self, items: Sequence[Joining]) -> list[Piece | BaseException]:
+        """The newcomers of one turn prefilled together: each its first piece, or the
+        exception that fails it alone, in their order."""
+        ...
+
     def step(self) -> list[Piece]: ...
+
     def leave(self, keys: set[int]) -> None: ...
-
-
-#: Yielded once a stream ends: nothing more comes.
-_END = object()
 
 
 @dataclass(eq=False)
 class Stream:
-    """One request's sequence as its door sees it: pieces of text as they are generated."""
+    """One request item's sequence as its door sees it: pieces of text as they are
+    generated, and its :class:`~batching.models.pieces.Status`."""
 
     key: int
     item: Any
     tokens: int
     deadline: float
     request_id: str = ""
+    #: The item's place in its request (an error about it names it: ``inputs[2]``).
+    place: int = 0
+    status: Status = Status.WAITING
     #: Tokens generated so far.
     generated: int = 0
-    finish: str | None = None
-    cancelled: bool = False
-    _queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    #: When it was accepted and when it joined the running batch (the scheduler's clock),
+    #: and the seconds of the forwards it ran in.
+    submitted: float = 0.0
+    joined: float | None = None
+    computed: float = 0.0
+    _pieces: deque[Piece] = field(default_factory=deque)
+    _error: BaseException | None = None
+    _arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
     def cancel(self) -> None:
-        """The client went away: the sequence leaves the batch at the next step."""
-        self.cancelled = True
+        """The client went away (or its door stopped reading): the row leaves at the next
+        step, and what it would still generate is dropped."""
+        if not self.status.finished:
+            self.status = Status.FINISHED_CANCELLED
+            self._arrived.set()
 
     async def next(self) -> Piece | None:
         """The next piece (None: the stream ended), waiting no later than the deadline.
 
         :raises DeadlineExceeded: the deadline passed first.
-        :raises BatchingError: the sequence failed (its own error: 413, 422, 500, 503).
+        :raises BatchingError: the stream failed (its own error: 413, 422, 500, 503).
         """
         try:
             async with asyncio.timeout_at(self.deadline):
-                value = await self._queue.get()
+                while not self._pieces and not self.status.finished:
+                    self._arrived.clear()
+                    await self._arrived.wait()
         except TimeoutError:
-            self.cancel()
-            raise DeadlineExceeded("the deadline passed while the answer was generated") from None
-        if value is _END:
-            self._queue.put_nowait(_END)
-            return None
-        if isinstance(value, BaseException):
-            raise value
-        return value  # type: ignore[no-any-return]
+            self._fail(DeadlineExceeded("the deadline passed while the answer was generated"))
+        if self._pieces:
+            return self._pieces.popleft()
+        if self._error is not None:
+            raise self._error
+        return None
 
-    def _put(self, value: Any) -> None:
-        self._queue.put_nowait(value)
+    def _put(self, piece: Piece) -> None:
+        if self.status.finished:
+            return  # cancelled: nobody reads it
+        self._pieces.append(piece)
+        self.status = piece.finish or Status.RUNNING
+        self._arrived.set()
+
+    def _fail(self, error: BaseException) -> None:
+        if self.status.finished:
+            return
+        self.status, self._error = Status.FINISHED_ERROR, error
+        self._arrived.set()
 
 
-class Decoder:
-    """One text-generation model's iteration-level scheduler.
+class StepScheduler:
+    """One generating model's iteration-level scheduler.
 
     :param name: the model's name (for errors and logs).
     :param max_rows: the most sequences an instance runs at once (``max_batch_size``).
     :param budget: the tokens all accepted requests may reserve; None: ``max_rows`` times
         the model's positions, learnt from the first instance.
+    :param events: told of each prefill as a batch (the streams that joined together, each
+        item once) and of each stream's end, as the batcher tells of its batches.
     """
 
     def __init__(
@@ -140,23 +154,36 @@ class Decoder:
         max_rows: int,
         budget: int | None = None,
         clock: Callable[[], float] | None = None,
+        events: BatchEvents | None = None,
     ) -> None:
         self.name = name
+        self.events: BatchEvents = events or NoEvents()
         self.max_rows = max(1, max_rows)
         self.budget = budget
-        self.reserved = 0
-        #: Accepted sequences not finished (running or waiting).
-        self.active = 0
         self.instances = 0
         self.draining = False
-        #: Why this model cannot decode by step (its cache kind), once an instance said so.
-        self.unsupported: str | None = None
         self._clock = clock
         self._keys = itertools.count()
+        #: Accepted streams whose rows have not left yet: they hold their tokens.
+        self._live: dict[int, Stream] = {}
         self._waiting: deque[Stream] = deque()
         self._work = asyncio.Event()
         #: Seconds a step took lately, for the Retry-After of a full budget.
         self._step_s = 0.05
+
+    @property
+    def reserved(self) -> int:
+        """The tokens the accepted streams hold."""
+        return sum(stream.tokens for stream in self._live.values())
+
+    @property
+    def active(self) -> int:
+        """Accepted streams whose rows have not left yet (running or waiting)."""
+        return len(self._live)
+
+    @property
+    def idle(self) -> bool:
+        return not self._live
 
     def _now(self) -> float:
         if self._clock is not None:
@@ -169,19 +196,17 @@ class Decoder:
         """Refuse now what :meth:`submit` would refuse whatever the request's tokens: a door
         asks before it counts them. Returns the token budget.
 
-        :raises InvalidRequest: the model's cache cannot join a running batch.
         :raises NotReady: no instance is serving (loading, or shutting down).
         """
-        if self.unsupported is not None:
-            raise InvalidRequest(f"model {self.name!r} cannot stream: {self.unsupported}")
         if self.draining or self.instances == 0 or self.budget is None:
             raise NotReady(f"model {self.name!r} is not ready", retry_after=1.0)
         return self.budget
 
-    def submit(self, item: Any, tokens: int, deadline: float, request_id: str = "") -> Stream:
+    def submit(
+        self, item: Any, tokens: int, deadline: float, request_id: str = "", place: int = 0
+    ) -> Stream:
         """Accept ``item`` (it costs ``tokens``: prompt and ``max_new_tokens``) or refuse it.
 
-        :raises InvalidRequest: the model's cache cannot join a running batch.
         :raises NotReady: no instance is serving (loading, or shutting down).
         :raises PayloadTooLarge: more tokens than the whole budget.
         :raises Overloaded: the budget is full now.
@@ -197,34 +222,36 @@ class Decoder:
                 f"model {self.name!r} is generating as many tokens as it holds; retry shortly",
                 retry_after=max(1.0, self._step_s * 32),
             )
-        self.reserved += tokens
-        self.active += 1
-        stream = Stream(next(self._keys), item, tokens, deadline, request_id)
+        stream = Stream(next(self._keys), item, tokens, deadline, request_id, place)
+        stream.submitted = self._now()
+        self._live[stream.key] = stream
         self._waiting.append(stream)
         self._work.set()
         return stream
 
-    def _release(self, stream: Stream, value: Any) -> None:
-        if stream.finish is None:
-            stream.finish = "error" if isinstance(value, BaseException) else "done"
-            self.reserved -= stream.tokens
-            self.active -= 1
-        stream._put(value)
-        if not isinstance(value, BaseException):
-            stream._put(_END)
+    def _fail(self, stream: Stream, error: BaseException) -> None:
+        """End ``stream`` with ``error``; its row is out of the batch (or never joined)."""
+        stream._fail(error)
+        self._left(stream)
+
+    def _left(self, stream: Stream) -> None:
+        """``stream``'s row is out of the batch (or never joined): its tokens are free."""
+        if self._live.pop(stream.key, None) is None:
+            return
+        now = self._now()
+        joined = now if stream.joined is None else stream.joined
+        ok = stream.status in (Status.FINISHED_LENGTH, Status.FINISHED_STOP, Status.FINISHED_END)
+        self.events.request_done(
+            joined - stream.submitted, stream.computed, now - stream.submitted, ok
+        )
 
     # -- the loop ---------------------------------------------------------------------------
 
-    async def serve(self, call: Callable[[Callable[[Any], Any]], Awaitable[Any]]) -> None:
+    async def serve(self, call: CallModel[Any]) -> None:
         """Run decode steps on one instance (``call`` runs a function of its model on its
         thread) until cancelled."""
         batch: RunningBatch
-        try:
-            batch, positions = await call(lambda model: (model.decode_batch(), model.positions()))
-        except NotImplementedError as exc:
-            self.unsupported = str(exc)
-            logger.warning("model %s serves whole batches only: %s", self.name, exc)
-            return
+        batch, positions = await call(lambda model: (model.decode_batch(), model.positions()))
         if self.budget is None:
             self.budget = self.max_rows * int(positions)
         running: dict[int, Stream] = {}
@@ -238,31 +265,28 @@ class Decoder:
         finally:
             self.instances -= 1
             for stream in running.values():
-                self._release(stream, NotReady("the instance stopped before this answer ended"))
+                self._fail(stream, NotReady("the instance stopped before this answer ended"))
             if self.instances == 0:
                 while self._waiting:
-                    self._release(
+                    self._fail(
                         self._waiting.popleft(),
                         NotReady("the server shut down before serving this request"),
                     )
 
     async def _step(
-        self,
-        call: Callable[[Callable[[Any], Any]], Awaitable[Any]],
-        batch: RunningBatch,
-        running: dict[int, Stream],
+        self, call: CallModel[Any], batch: RunningBatch, running: dict[int, Stream]
     ) -> None:
         now = self._now()
         leaving: set[int] = set()
         for key, stream in list(running.items()):
-            if stream.cancelled or stream.deadline <= now:
+            if stream.status.finished or stream.deadline <= now:
                 leaving.add(key)
-                self._expire(stream)
                 del running[key]
+                self._expire(stream)
         joining: list[Stream] = []
         while self._waiting and len(running) + len(joining) < self.max_rows:
             stream = self._waiting.popleft()
-            if stream.cancelled or stream.deadline <= now:
+            if stream.status.finished or stream.deadline <= now:
                 self._expire(stream)
                 continue
             joining.append(stream)
@@ -274,7 +298,7 @@ class Decoder:
 
     async def _join(
         self,
-        call: Callable[[Callable[[Any], Any]], Awaitable[Any]],
+        call: CallModel[Any],
         batch: RunningBatch,
         running: dict[int, Stream],
         leaving: set[int],
@@ -282,39 +306,43 @@ class Decoder:
     ) -> None:
         """The newcomers' prefill, before the running rows' next step: their first tokens go
         out without waiting for it."""
-        items = [(stream.key, stream.item) for stream in joining]
-        join_items = getattr(batch, "join_items", None)
+        items = [Joining(stream.key, stream.item, stream.place) for stream in joining]
 
         def work(model: Any) -> list[Piece | BaseException]:
             batch.leave(leaving)
-            joined: list[Piece | BaseException] = []
-            if join_items is not None:
-                try:
-                    joined = list(join_items(items))
-                except Exception:  # the batch's own fault: each newcomer is tried alone
-                    logger.exception("model %s: a shared prefill failed", self.name)
-                    joined = []
-            if len(joined) != len(items):
-                joined = []
-                for key, item in items:
-                    try:
-                        joined.append(batch.join_item(key, item))
-                    except Exception as exc:
-                        joined.append(exc)
-            batch.leave({p.key for p in joined if not isinstance(p, BaseException) and p.finish})
+            try:
+                joined = batch.join_items(items)
+            except Exception as exc:  # the batch's own fault: its newcomers fail
+                logger.exception("model %s: a prefill failed", self.name)
+                return [exc] * len(items)
+            batch.leave(
+                {p.key for p in joined if not isinstance(p, BaseException) and p.finish is not None}
+            )
             return joined
 
+        started, now = time.perf_counter(), self._now()
         joined = await call(work)
+        seconds = time.perf_counter() - started
+        pieces = [piece for piece in joined if not isinstance(piece, BaseException)]
+        if pieces:
+            self.events.batch_done(
+                len(pieces),
+                len(pieces) * max(piece.prompt_tokens for piece in pieces),
+                "prefill",
+                now - min(stream.submitted for stream in joining),
+                seconds,
+            )
         for stream, outcome in zip(joining, joined, strict=True):
             if isinstance(outcome, BaseException):
-                self._release(stream, self._failure(stream, outcome))
+                self._fail(stream, self._failure(stream, outcome))
                 continue
+            stream.joined, stream.computed = now, seconds
             running[stream.key] = stream
             self._deliver(running, stream, outcome)
 
     async def _advance(
         self,
-        call: Callable[[Callable[[Any], Any]], Awaitable[Any]],
+        call: CallModel[Any],
         batch: RunningBatch,
         running: dict[int, Stream],
         leaving: set[int],
@@ -331,33 +359,34 @@ class Decoder:
             except Exception as exc:
                 batch.leave(set(stepping))
                 return exc
-            batch.leave({piece.key for piece in stepped if piece.finish})
+            batch.leave({piece.key for piece in stepped if piece.finish is not None})
             return stepped
 
         started = time.perf_counter()
         stepped = await call(work)
-        self._step_s = 0.8 * self._step_s + 0.2 * (time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self._step_s = 0.8 * self._step_s + 0.2 * seconds
+        for key in stepping:
+            running[key].computed += seconds
         if isinstance(stepped, BaseException):
             logger.error("model %s: a decode step failed", self.name, exc_info=stepped)
             for key in stepping:
-                self._release(running.pop(key), InferenceFailed("the model failed on this batch"))
+                self._fail(running.pop(key), InferenceFailed("the model failed on this batch"))
         else:
             for piece in stepped:
                 self._deliver(running, running[piece.key], piece)
 
     def _deliver(self, running: dict[int, Stream], stream: Stream, piece: Piece) -> None:
         stream.generated += 1
-        if not stream.cancelled:
-            stream._put(piece)
+        stream._put(piece)
         if piece.finish is not None:
             running.pop(stream.key, None)
-            self._release(stream, _END)
+            self._left(stream)
 
     def _expire(self, stream: Stream) -> None:
-        if stream.cancelled:
-            self._release(stream, NotReady("the client went away"))
-        else:
-            self._release(stream, DeadlineExceeded("the deadline passed while generating"))
+        """``stream`` leaves (or never joins): cancelled by its door, failed, or past its
+        deadline."""
+        self._fail(stream, DeadlineExceeded("the deadline passed while generating"))
 
     def _failure(self, stream: Stream, exc: BaseException) -> BaseException:
         if isinstance(exc, BatchingError):
@@ -374,16 +403,11 @@ class Decoder:
         """Refuse new requests; what runs goes on."""
         self.draining = True
 
-    @property
-    def idle(self) -> bool:
-        return self.reserved == 0
 
-
-async def run_decoder(decoder: Decoder, call: CallModel[Any]) -> None:
-    """:meth:`Decoder.serve`, logging an unexpected end (the instance goes on serving
-    whole batches)."""
+async def run_scheduler(scheduler: StepScheduler, call: CallModel[Any]) -> None:
+    """:meth:`StepScheduler.serve`, logging an unexpected end."""
     with contextlib.suppress(asyncio.CancelledError):
         try:
-            await decoder.serve(call)
+            await scheduler.serve(call)
         except Exception:
-            logger.exception("model %s: the decode loop stopped", decoder.name)
+            logger.exception("model %s: the decode loop stopped", scheduler.name)

@@ -25,7 +25,7 @@ from batching.models.protocol import ModelHooks, hooks_of
 from batching.models.tasks.generation import streams
 
 from .base import InstanceFactory, ModelFactory
-from .decoding import Decoder, run_decoder
+from .decoding import StepScheduler, run_scheduler
 from .leases import Leases
 from .process import ProcessInstance
 from .threads import ThreadInstance
@@ -192,13 +192,14 @@ class Deployment:
         self._counting: ModelHooks | None = None
         self._counting_built = asyncio.Lock()
         #: The iteration-level scheduler of a generating model (decoder-only or
-        #: encoder-decoder) on thread instances (the streaming doors); None for every other.
-        self.decoder: Decoder | None = None
-        if config.instance_kind == "thread" and streams(config.model_source.task):
-            self.decoder = Decoder(
+        #: encoder-decoder), which every door's generation runs through; None for the others.
+        self.scheduler: StepScheduler | None = None
+        if streams(config.model_source.task):
+            self.scheduler = StepScheduler(
                 config.name,
                 config.batching.max_batch_size,
                 config.batching.max_batch_tokens or None,
+                events=self.batcher.events,
             )
         #: The requests that resolved this deployment and have not answered yet.
         self.leases = Leases()
@@ -326,8 +327,8 @@ class Deployment:
             serving_since = self._clock()
             decoding: asyncio.Task[None] | None = None
             call = getattr(instance, "call", None)
-            if self.decoder is not None and call is not None:
-                decoding = asyncio.create_task(run_decoder(self.decoder, call))
+            if self.scheduler is not None and call is not None:
+                decoding = asyncio.create_task(run_scheduler(self.scheduler, call))
             try:
                 if self._on_ready is not None:
                     self._on_ready(self, index, info)
@@ -349,11 +350,11 @@ class Deployment:
         """Refuse new requests (503, and not ready) and wait up to ``grace`` seconds for what
         was accepted to be served; the instances keep running."""
         self.batcher.drain()
-        if self.decoder is not None:
-            self.decoder.drain()
+        if self.scheduler is not None:
+            self.scheduler.drain()
         deadline = time.monotonic() + grace
         while (
-            not self.batcher.idle or (self.decoder is not None and not self.decoder.idle)
+            not self.batcher.idle or (self.scheduler is not None and not self.scheduler.idle)
         ) and time.monotonic() < deadline:
             if self.batcher.ready_instances == 0:
                 break

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from batching.models.parameters import TaskItem
+from batching.models.pieces import Joining, Status
 
 
 def item(text: str, tokens: int) -> TaskItem:
@@ -18,7 +19,7 @@ def run(
     batch: Any, joins: dict[int, list[tuple[int, TaskItem]]], together: bool = False
 ) -> dict[int, list[int]]:
     """Steps ``batch`` until it is empty; before step ``n``, the items of ``joins[n]`` join
-    (one by one, or ``together`` in one prefill, where the batch has ``join_items``)."""
+    (one by one, or ``together`` in one prefill)."""
     tokens: dict[int, list[int]] = {}
     step = 0
     while len(batch) or any(n >= step for n in joins):
@@ -29,7 +30,7 @@ def run(
                 ended.add(piece.key)
         newcomers = joins.get(step, [])
         if together and newcomers:
-            pieces = batch.join_items(newcomers)
+            pieces = batch.join_items([Joining(key, entry) for key, entry in newcomers])
         else:
             pieces = [batch.join_item(key, entry) for key, entry in newcomers]
         for piece in pieces:
@@ -70,7 +71,7 @@ def check_stop_string(make: Callable[[], Any], prompt: str, shortest: int) -> No
     while pieces[-1].finish is None:
         pieces.extend(batch.step())
     assert "".join(piece.text for piece in pieces) == whole[: whole.find(stop)]
-    assert pieces[-1].finish == "stop"
+    assert pieces[-1].finish is Status.FINISHED_STOP
 
 
 def check_company_free(make: Callable[[], Any], items: Sequence[TaskItem], expected: Any) -> None:

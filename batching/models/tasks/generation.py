@@ -112,8 +112,8 @@ def pair_of(task: str) -> tuple[str, str] | None:
     return None if found is None else (found.group(1), found.group(2))
 
 
-#: The tasks the streaming doors serve token by token (a running batch per thread instance):
-#: the decoder-only one and the encoder-decoder ones.
+#: The tasks every door serves token by token (a running batch per thread instance): the
+#: decoder-only one and the encoder-decoder ones.
 STREAMED_TASKS = frozenset(
     {"text-generation", "summarization", "translation", "text2text-generation"}
 )
