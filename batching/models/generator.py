@@ -11,6 +11,7 @@ generated), and answered from its new tokens (:meth:`Generator.answer`).
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, ClassVar
@@ -45,6 +46,8 @@ from .tasks.generation import CHAT_TEMPLATE_KEY
 from .texts import DEFAULT_MAX_LENGTH, LazyCounter
 
 __all__ = ["Generator", "Prompt"]
+
+logger = logging.getLogger("batching")
 
 
 class Generator:
@@ -147,6 +150,16 @@ class Generator:
         model.eval()
         self._model, self._tokenizer = model, tokenizer
         self.configure(model)
+        beams = getattr(model.generation_config, "num_beams", 1) or 1
+        if beams > 1:
+            # Sequences join and leave a running batch step by step: one beam each.
+            logger.warning(
+                "%s: its generation config asks for num_beams=%d; this server decodes one beam "
+                "per sequence (greedy, or sampled when asked), so answers may differ from "
+                "transformers' beam search",
+                self.path.name,
+                beams,
+            )
         self.max_seq_length = self._counting.max_length = self.input_length()
         self.defaults = Defaults.of(model.generation_config, self.default_length_bound())
         self.params = self.model_params(
