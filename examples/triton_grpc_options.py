@@ -11,4 +11,5 @@ text.set_data_from_numpy(np.array([["first sentence"]], dtype=object))
 result = client.infer(
     "all-MiniLM-L6-v2", [text], parameters={"encoding": "uint8", "truncate": False}
 )
-print(result.as_numpy("embedding").dtype, result.get_response().parameters["prompt_tokens"])
+tokens = result.get_response().parameters["prompt_tokens"].int64_param
+print(result.as_numpy("embedding").dtype, tokens)  # uint8 4
