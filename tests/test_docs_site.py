@@ -60,7 +60,8 @@ def test_the_site_builds_with_every_link_anchor_and_example_in_place(tmp_path: P
     )
     assert done.returncode == 0, done.stderr[-3000:]
     # The examples are included into the pages, not linked.
-    assert "Embeddings through the official openai SDK" in (tmp_path / "embeddings" / "index.html").read_text()
+    page = (tmp_path / "embeddings" / "index.html").read_text()
+    assert "Embeddings through the official openai SDK" in page
 
 
 def test_every_figure_of_the_results_page_names_a_command_of_this_repository_and_its_json() -> None:
