@@ -1,5 +1,6 @@
 # The server on the CPU build of torch, as the README installs it, as a non-root user.
-#   docker build -t batching . && docker run -p 8000:8000 -p 8001:8001 batching
+#   docker build -t batching:0.1.0 . && docker run -p 8000:8000 -p 8001:8001 batching:0.1.0
+# (the tag deploy/kubernetes/base/deployment.yaml pulls: the version in pyproject.toml)
 # The server reads its CPU budget from the container (docker run --cpus, a pod's CPU limit).
 FROM python:3.11-slim
 

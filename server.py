@@ -21,9 +21,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from batching.models.hub import remember_offline_choice  # noqa: E402
+
 # Read once, when the Hugging Face libraries are first imported (by an instance, later; process
 # instances inherit them): a server never reaches for the hub, and a progress bar per weight
-# load would only garble a log that is read line by line.
+# load would only garble a log that is read line by line. A hub id in --model is fetched before
+# that, once, online unless the user set HF_HUB_OFFLINE=1 (batching/models/hub.py).
+remember_offline_choice(os.environ)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

@@ -1,4 +1,4 @@
-"""Your own model, as the README shows it: the example class, run from your own project folder
+"""Your own model, as docs/models.md shows it: examples/mypackage, run from your own project folder
 with ``python /path/to/server.py``, is found, reports platform ``python`` and answers tensors
 of the shape its metadata declares."""
 
@@ -24,15 +24,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def readme_example() -> str:
-    """The README's ``# mypackage/models.py`` code block."""
-    text = (ROOT / "README.md").read_text()
-    start = text.index("```python\n# mypackage/models.py\n") + len("```python\n")
-    return text[start : text.index("```", start)]
+    """``examples/mypackage/models.py``, which docs/models.md includes."""
+    assert '--8<-- "examples/mypackage/models.py"' in (ROOT / "docs" / "models.md").read_text()
+    return (ROOT / "examples" / "mypackage" / "models.py").read_text()
 
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    """A user's project folder holding the README's example package, outside this clone."""
+    """A user's project folder holding the docs' example package, outside this clone."""
     package = tmp_path / "my-project" / "mypackage"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")

@@ -1,4 +1,4 @@
-"""Every command in README.md and docs/*.md, run as a new user would run it.
+"""Every command in README.md and docs/**/*.md, run as a new user would run it.
 
 The commands are discovered, not listed: every fenced block of those files is read, and each
 command of a ``bash``/``sh``/``shell`` block, or each ``$ `` line of a ``console`` block, must
@@ -18,7 +18,7 @@ How they run (``test_documented_command``, one test per command):
   its line does not name fails.
 - Against a real server started as quick start command 1 starts it (``python server.py``).
   Servers run in the clone, which also holds what the docs ask the reader to bring: stand-ins
-  for their model folders (tiny random BERTs), the README's ``mypackage/models.py``,
+  for their model folders (tiny random BERTs), ``examples/mypackage`` (docs/models.md),
   docs/model-repository.md's complete ``config.toml`` as ``models/minilm/config.toml``, and a
   one-model ``models.toml``.
 - Ports: servers get free ports through ``BATCHING_PORT`` and ``BATCHING_GRPC_PORT`` (every
@@ -59,7 +59,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SHELL = {"bash", "sh", "shell", "console"}
 #: Blocks that hold code, configuration or output, not commands.
 NOT_COMMANDS = {"python", "toml", "json", "text", "yaml", "promql"}
@@ -98,6 +98,42 @@ class Rule:
 
 RULES: tuple[Rule, ...] = (
     Rule(r"python scripts/install\.py && python server\.py$", "quickstart"),
+    Rule(
+        r"git clone <repository-url> batching && cd batching$",
+        "skip",
+        "the clone: these tests run in a copy of the work tree",
+    ),
+    # README quick start: the openai SDK, then its example against the quick start's server.
+    Rule(r"pip install openai$", "setup"),
+    Rule(
+        r"python examples/openai_embeddings\.py$",
+        "client",
+        # Examples take the server's URL from SERVER_URL (default http://127.0.0.1:8000).
+        rewrite=(("python examples/", "SERVER_URL=http://127.0.0.1:{http} python examples/"),),
+    ),
+    Rule(
+        r"MODEL=gpt2 python examples/openai_streaming\.py$",
+        "skip",
+        "asks a GPT-2 the quick start does not serve: tests/test_examples.py runs this example "
+        "against a served tiny GPT-2",
+    ),
+    Rule(
+        r"python server\.py --model (BAAI|openai-community|distilbert)/",
+        "skip",
+        "a model of the Hugging Face Hub, which these tests never reach: tests/test_hub_models.py "
+        "serves a hub id from a local stand-in for the hub's download API",
+    ),
+    Rule(
+        r"hf download BAAI/bge-small-en-v1\.5 --local-dir \./bge-small-en-v1\.5$",
+        "skip",
+        "downloads from the Hugging Face Hub, which these tests never reach",
+    ),
+    Rule(
+        r"python server\.py --model \./bge-small-en-v1\.5$",
+        "skip",
+        "serves the folder the hf download above fetches; tests/test_hub_models.py serves one "
+        "from the Hugging Face cache",
+    ),
     Rule(
         r"python scripts/install\.py test && python -m pytest$",
         "skip",
@@ -146,10 +182,11 @@ RULES: tuple[Rule, ...] = (
         "to served ones",
     ),
     Rule(r"curl ", "client"),
-    # README, "API keys, CORS and the metrics port": a key file, and a server that asks for it.
-    Rule(r"printf 'sk-first\\nsk-second\\n' > keys && chmod 600 keys$", "setup"),
+    # docs/access.md, "API keys, CORS and the metrics port": a key file, and a server that asks
+    # for it.
+    Rule(r"printf 'sk-first\\nsk-second\\n' > api-keys && chmod 600 api-keys$", "setup"),
     Rule(
-        r"python server\.py --api-key-file keys --metrics-port 9090$",
+        r"python server\.py --api-key-file api-keys --metrics-port 9090$",
         "flags",
         "the generic server check sends no key; tests/test_auth_server.py serves with keys "
         "and --metrics-port, and calls it with curl, tritonclient and the openai SDK",
@@ -711,13 +748,9 @@ def prepare(rule: Rule, workspace: Workspace, where: Path) -> None:
         )
         assert done.returncode == 0, done.stderr
     elif rule.needs == "mypackage":
-        # The README's own mypackage/models.py block.
-        (code,) = [
-            b for b in BLOCKS if b.lang == "python" and b.lines[0] == "# mypackage/models.py"
-        ]
-        (where / "mypackage").mkdir(exist_ok=True)
-        (where / "mypackage" / "__init__.py").write_text("")
-        (where / "mypackage" / "models.py").write_text("\n".join(code.lines) + "\n")
+        # docs/models.md's example package, examples/mypackage, in the directory the server
+        # starts in.
+        shutil.copytree(ROOT / "examples" / "mypackage", where / "mypackage", dirs_exist_ok=True)
     elif rule.needs == "models/":
         # docs/model-repository.md's complete config.toml, as models/minilm/config.toml.
         (config,) = [

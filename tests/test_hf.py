@@ -425,7 +425,9 @@ def test_build_model_dispatch(folders: dict[str, Path]) -> None:
         ("no_such_package.sub:Model", None, "no_such_package"),
         ("collections:OrderedDict", None, "predict"),
         ("batching.models.pipeline:PipelineModel", None, "no arguments"),
-        ("missing/folder", None, "neither"),
+        ("./missing/folder", None, "neither"),
+        # A hub id's spelling: offline here (HF_HUB_OFFLINE=1), so only the cache is asked.
+        ("missing/folder", None, "no local folder of that name, no copy of it"),
         ("vocab.txt", None, "is a file"),
         ("base", "no-such-task", "served tasks"),
     ],

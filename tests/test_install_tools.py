@@ -108,6 +108,7 @@ def test_ci_runs_the_readme_command_with_the_linters_between() -> None:
         "ruff format --check .",
         "mypy",
         "lint-imports",
+        "mkdocs build --strict",
         "python -m pytest",
     ]
     readme = (ROOT / "README.md").read_text()

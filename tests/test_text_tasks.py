@@ -270,9 +270,9 @@ README_MODELS = {
 
 
 def readme_examples() -> list[tuple[str, dict[str, Any]]]:
-    """Each ``curl -s 127.0.0.1:8000/models/my-...`` of the README: the folder and the body."""
+    """Each ``curl -s 127.0.0.1:8000/models/my-...`` of docs/tasks.md: the folder and the body."""
     found = []
-    for line in (ROOT / "README.md").read_text().splitlines():
+    for line in (ROOT / "docs" / "tasks.md").read_text().splitlines():
         if line.startswith("curl -s 127.0.0.1:8000/models/my-"):
             words = shlex.split(line)
             folder = words[2].rpartition("/")[2]

