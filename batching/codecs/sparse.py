@@ -25,7 +25,7 @@ from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
 
 from .capability import max_seq_length
-from .embed_options import INPUT_TYPE_ALIASES, OptionError, TextTooLong, read_options
+from .embed_options import OptionError, TextTooLong, read_options, resolve_prompt
 from .plain import check_texts
 
 __all__ = [
@@ -149,36 +149,6 @@ def options_request(
     )
 
 
-def _prompt(request: SparseRequest, info: Mapping[str, Any]) -> str | None:
-    """The prompt ``prompt_name`` or ``input_type`` picks (as for dense embeddings), or None
-    for the model's default."""
-    prompts = info.get("prompts") or {}
-    if not isinstance(prompts, Mapping):
-        prompts = {}
-    known = ", ".join(repr(name) for name in prompts) or "none"
-    chosen = request.prompt_name
-    if chosen is not None and chosen not in prompts:
-        raise OptionError(
-            f"unknown prompt_name {chosen!r}; this model's prompts: {known}", param="prompt_name"
-        )
-    if request.input_type is not None:
-        candidates = (request.input_type, *INPUT_TYPE_ALIASES.get(request.input_type, ()))
-        by_type = next((name for name in candidates if name in prompts), None)
-        if by_type is None:
-            raise OptionError(
-                f"no prompt for input_type {request.input_type!r}; this model's prompts: {known}",
-                param="input_type",
-            )
-        if chosen is not None and chosen != by_type:
-            raise OptionError(
-                f"prompt_name {chosen!r} and input_type {request.input_type!r} choose different "
-                "prompts; send one of them",
-                param="input_type",
-            )
-        chosen = by_type
-    return None if chosen is None else str(prompts[chosen])
-
-
 def serves_sparse(metadata: Mapping[str, Any]) -> bool:
     """Whether a model's metadata says it returns sparse vectors (``"sparse"`` among its
     ``"embedding"`` outputs)."""
@@ -195,7 +165,8 @@ def sparse_items(request: SparseRequest, metadata: Mapping[str, Any]) -> list[An
     """
     described = metadata.get(EMBEDDING_KEY)
     info: Mapping[str, Any] = described if isinstance(described, Mapping) else {}
-    prompt = _prompt(request, info)
+    # The prompt prompt_name or input_type picks, as for dense embeddings.
+    prompt = resolve_prompt(request.prompt_name, request.input_type, info, request.model)
     if prompt is None and not request.truncate_left:
         return list(request.texts)
     if prompt is None:
