@@ -25,7 +25,13 @@ from batching.runtime.deployment import Deployment
 from batching.service import DataPlane
 
 from .capability import max_seq_length
-from .embed_options import OptionError, TextTooLong, read_options, resolve_prompt
+from .embed_options import (
+    OptionError,
+    TextTooLong,
+    read_options,
+    refuse_dense_only,
+    resolve_prompt,
+)
 from .plain import check_texts
 
 __all__ = [
@@ -128,16 +134,11 @@ def options_request(
         ``encoding`` other than float (a sparse vector has neither).
     """
     read = read_options(options, where=where, ignore=ignore)
-    if read.dimensions is not None:
-        raise OptionError(
-            "dimensions does not apply to sparse vectors: they keep their non-zero entries",
-            param="dimensions",
-        )
-    if read.encoding != "float" or read.base64:
-        raise OptionError(
-            "encoding does not apply to sparse vectors: their values are float",
-            param="encoding",
-        )
+    refuse_dense_only(
+        read,
+        dimensions="dimensions does not apply to sparse vectors: they keep their non-zero entries",
+        encoding="encoding does not apply to sparse vectors: their values are float",
+    )
     return SparseRequest(
         texts=texts,
         model=model,

@@ -24,6 +24,7 @@ __all__ = [
     "TruncationDirection",
     "parse_encoding",
     "read_options",
+    "refuse_dense_only",
 ]
 
 #: Every option a request may set, by its name on the plain, v2 and gRPC doors.
@@ -176,3 +177,17 @@ def read_options(
     if "encoding" in found:
         kwargs["encoding"], kwargs["base64"] = parse_encoding(*found["encoding"])
     return EmbedOptions(**kwargs)
+
+
+def refuse_dense_only(options: EmbedOptions, *, dimensions: str, encoding: str) -> None:
+    """Refuse the options that shape pooled (dense) vectors alone, ``dimensions`` and an
+    ``encoding`` other than float, for vectors of another kind (per-token, sparse).
+
+    :param dimensions: the 400's message for ``dimensions``.
+    :param encoding: the 400's message for ``encoding``.
+    :raises OptionError: naming the option.
+    """
+    if options.dimensions is not None:
+        raise OptionError(dimensions, param="dimensions")
+    if options.encoding != "float" or options.base64:
+        raise OptionError(encoding, param="encoding")
