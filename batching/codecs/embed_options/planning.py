@@ -101,18 +101,20 @@ def resolve_prompt(
     if not isinstance(prompts, Mapping):
         prompts = {}
     known = ", ".join(repr(name) for name in prompts) or "none"
-    which = "" if model is None else f" (model {model!r})"
+    subject = "the model" if model is None else f"model {model!r}"
     chosen = prompt_name
     if chosen is not None and chosen not in prompts:
         raise OptionError(
-            f"unknown prompt_name {chosen!r}{which}; its prompts: {known}", param="prompt_name"
+            f"unknown prompt_name {chosen!r}: {subject} has no prompt named {chosen!r}; its "
+            f"prompts: {known}",
+            param="prompt_name",
         )
     if input_type is not None:
         candidates = (input_type, *INPUT_TYPE_ALIASES.get(input_type, ()))
         by_type = next((name for name in candidates if name in prompts), None)
         if by_type is None:
             raise OptionError(
-                f"no prompt for input_type {input_type!r} in model {model!r}; its prompts: {known}",
+                f"{subject} has no prompt for input_type {input_type!r}; its prompts: {known}",
                 param="input_type",
             )
         if chosen is not None and chosen != by_type:
