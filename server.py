@@ -37,6 +37,7 @@ from starlette.applications import Starlette  # noqa: E402
 
 from batching.app import create_app  # noqa: E402
 from batching.http.connections import protocol_class  # noqa: E402
+from batching.http.uvicorn_check import UvicornMismatch  # noqa: E402
 from batching.log_settings import LogSettings  # noqa: E402
 from batching.logs import configure_logging, uvicorn_log_config  # noqa: E402
 from batching.models.engines.options import ADAPTIVE_THREADS_VARIABLE  # noqa: E402
@@ -49,6 +50,7 @@ from batching.runtime.deployment import Deployment  # noqa: E402
 from batching.runtime.prepare import prepare_models  # noqa: E402
 from batching.runtime.warmup import InstanceInfo  # noqa: E402
 from batching.settings.cli import ServerSettings, parse_settings  # noqa: E402
+from batching.settings.flags import fail  # noqa: E402
 from batching.tls import CertificateFiles, TlsError  # noqa: E402
 
 logger = logging.getLogger("batching")
@@ -137,8 +139,7 @@ def read_certificates(settings: ServerSettings) -> CertificateFiles | None:
     try:
         return CertificateFiles(settings.tls)
     except TlsError as exc:
-        print(f"server.py: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        fail(str(exc))
 
 
 def _log_tls(settings: ServerSettings, tls: CertificateFiles | None) -> None:
@@ -333,6 +334,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     configure_logging(settings.log_level, settings.log_format)
     if settings.prepare:
         sys.exit(prepare(settings))
+    try:
+        # uvicorn's own protocol plus header and body timeouts, a connection cap and a
+        # lingering close (batching/http/connections.py); its keep-alive timeout too.
+        http = protocol_class(settings.connections)
+    except UvicornMismatch as exc:
+        fail(str(exc))
     _log_start(settings)
     failures: list[str] = []
     server: _Server | None = None
@@ -365,9 +372,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         log_config=uvicorn_log_config(settings.log_level, settings.log_format),
         timeout_graceful_shutdown=int(settings.shutdown_timeout),
         access_log=False,
-        # uvicorn's own protocol plus header and body timeouts, a connection cap and a
-        # lingering close (batching/http/connections.py); its keep-alive timeout too.
-        http=protocol_class(settings.connections),
+        http=http,
         # TLS: the certificates' context, whose handshakes follow renewed files.
         ssl_context_factory=None
         if tls is None
@@ -407,9 +412,9 @@ def __getattr__(name: str) -> Starlette:
     settings = parse_settings([], os.environ)
     if settings.metrics_port is not None:
         # uvicorn binds the one listener it is told of; the second is server.py's to bind.
-        raise SystemExit(
-            "server.py: error: BATCHING_METRICS_PORT needs python server.py; under uvicorn "
-            "server:app, /metrics is served on uvicorn's port"
+        fail(
+            "BATCHING_METRICS_PORT needs python server.py; under uvicorn server:app, /metrics "
+            "is served on uvicorn's port"
         )
     configure_logging(settings.log_level, settings.log_format)
     tls = read_certificates(settings)

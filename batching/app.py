@@ -26,9 +26,9 @@ from batching.grpc.auth import ApiKeyInterceptor
 from batching.grpc.control import ControlServicer
 from batching.http.auth import OPEN_PATHS, ApiKeyMiddleware
 from batching.http.completions import completion_routes
-from batching.http.connections import ConnectionLimits
 from batching.http.errors import EXCEPTION_HANDLERS
 from batching.http.generate import generate_routes
+from batching.http.limits import ConnectionLimits
 from batching.http.listeners import METRICS_PATH, ListenerRoutes
 from batching.http.logging_ext import logging_routes
 from batching.http.middleware import RequestIdMiddleware

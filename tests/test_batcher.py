@@ -355,10 +355,10 @@ def test_the_breaker_stays_open_until_the_queue_falls_to_the_close_mark() -> Non
             batcher.submit([i], deadline=FAR)
         with pytest.raises(Overloaded):
             batcher.submit(["x"], deadline=FAR)
-        batcher.queued_items = 6  # as if four were served: still above the close mark
+        batcher.line.items = 6  # as if four were served: still above the close mark
         with pytest.raises(Overloaded):
             batcher.submit(["y"], deadline=FAR)
-        batcher.queued_items = 5
+        batcher.line.items = 5
         batcher.submit(["z"], deadline=FAR)
         assert not batcher.breaker_open
 

@@ -6,7 +6,8 @@ import pytest
 
 from batching.config import ModelConfig
 from batching.runtime.cpus import CpuBudget
-from batching.settings.cli import build_parser, parse_settings, torch_threads_for
+from batching.settings.cli import build_parser, parse_settings
+from batching.settings.engines import torch_threads_for
 
 FLAGS = [
     "--host",
@@ -151,3 +152,33 @@ def test_parse_settings_shares_the_machines_cores_unless_the_operator_chose(
     # The budget is injected, so no result depends on this machine.
     budget = CpuBudget(affinity=cores, quota=None)
     assert parse_settings(argv, environ, budget).torch_threads == threads
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "says"),
+    [
+        (["--no-such-flag"], {}, "unrecognized arguments: --no-such-flag"),
+        (["--batching", "magic"], {}, "argument --batching: invalid choice"),
+        (["--port", "eighty"], {}, "argument --port: invalid int value"),
+        (["--grpc-port", "70000"], {}, "--grpc-port must be a port number"),
+        (["--max-batch-size", "0"], {}, "max_batch_size"),
+        (["--instances", "zero"], {}, "--instances must be a number or cpu_count"),
+        (["--header-timeout-s", "-1"], {}, "header_timeout must be >= 0"),
+        (["--torch-threads", "0"], {}, "--torch-threads must be >= 1"),
+        (["--cors-allow-origin", "a.example"], {}, "--cors-allow-origin: 'a.example'"),
+        (["--repository-poll-secs", "0"], {}, "--repository-poll-secs: "),
+        (["--model-control-mode", "poll"], {}, "it needs --model-repository"),
+        (["--otlp-protocol", "pigeon"], {}, "pigeon"),
+        ([], {"BATCHING_NO_TRUNCATE": "maybe"}, "BATCHING_NO_TRUNCATE must be 1 or 0"),
+        ([], {"BATCHING_MAX_QUEUE_SIZE": "many"}, "argument --max-queue-size: invalid int"),
+    ],
+)
+def test_every_bad_setting_of_every_group_exits_2_with_one_line(
+    argv: list[str], environ: dict[str, str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_settings(argv, environ)
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1, error  # one line: no usage text to bury it
+    assert error.startswith("server.py: error: ") and says in error

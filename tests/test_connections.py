@@ -17,7 +17,8 @@ import httpx
 import pytest
 import uvicorn
 
-from batching.http.connections import ConnectionLimits, protocol_class
+from batching.http.connections import protocol_class
+from batching.http.limits import ConnectionLimits
 from batching.tls import CertificateFiles, TlsConfig
 from tests.support.asgi import app_with
 from tests.support.models import EchoModel

@@ -8,7 +8,8 @@ import re
 import shlex
 from pathlib import Path
 
-from batching.settings.cli import DEFAULT_GRPC_PORT, build_parser
+from batching.settings.cli import build_parser
+from batching.settings.serving import DEFAULT_GRPC_PORT
 from tests.support.manifests import of_kind
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,7 +20,8 @@ import uvicorn
 
 from batching.core.admission import MIN_HOLD, hold_for
 from batching.errors import Overloaded
-from batching.http.connections import HOLD_KEY, ConnectionLimits, hold_resends, protocol_class
+from batching.http.connections import HOLD_KEY, hold_resends, protocol_class
+from batching.http.limits import ConnectionLimits
 from tests.support.asgi import app_with, echo_config, serving
 from tests.support.models import GatedModel
 from tests.support.servers import free_port

@@ -13,9 +13,9 @@ from batching.models.engines.accuracy import compare
 from batching.models.engines.decision import Decision, Measurement, Route, decide
 from batching.models.engines.options import EngineConfigError, EngineOptions
 from batching.models.engines.plan import EnginePlan
-from batching.models.engines.selection import candidates
+from batching.models.engines.variants import candidates
 from batching.settings.cli import build_parser, parse_settings
-from batching.settings.repository import RepositoryError, model_from_table
+from batching.settings.model_table import RepositoryError, model_from_table
 
 CAP = 32
 
@@ -144,9 +144,9 @@ def test_the_plan_sends_each_batch_to_its_route() -> None:
 
 def test_variants_follow_the_engine_and_precision_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(options_module, "installed", lambda engine: True)
-    from batching.models.engines import selection
+    from batching.models.engines import variants
 
-    monkeypatch.setattr(selection, "installed", lambda engine: True)
+    monkeypatch.setattr(variants, "installed", lambda engine: True)
     everything = candidates(EngineOptions(), gpu=False, measurable=True)
     assert everything == [
         ("torch", "fp32"),
@@ -177,9 +177,9 @@ def test_variants_follow_the_engine_and_precision_asked(monkeypatch: pytest.Monk
 def test_without_the_engines_installed_auto_weighs_torch_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from batching.models.engines import selection
+    from batching.models.engines import variants
 
-    monkeypatch.setattr(selection, "installed", lambda engine: engine == "torch")
+    monkeypatch.setattr(variants, "installed", lambda engine: engine == "torch")
     assert candidates(EngineOptions(), gpu=False, measurable=True) == [
         ("torch", "fp32"),
         ("torch", "bf16"),

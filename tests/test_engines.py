@@ -16,7 +16,7 @@ import pytest
 
 from batching import create_app
 from batching.config import BatchingConfig, ModelConfig
-from batching.models.engines import export, selection
+from batching.models.engines import export, trials
 from batching.models.engines.cache import EngineCache
 from batching.models.engines.options import EngineOptions
 from batching.models.pipeline import PipelineModel
@@ -147,14 +147,14 @@ def test_a_variant_far_slower_at_batch_1_is_dropped_without_its_accuracy_check(
         return 1000.0 if len(timed) <= 2 else 1.0
 
     checked: list[str] = []
-    compare = selection.compare
+    compare = trials.compare
 
     def counted(measure: str, expected: Any, outputs: Any) -> Any:
         checked.append(measure)
         return compare(measure, expected, outputs)
 
-    monkeypatch.setattr(selection, "items_per_second", rate)
-    monkeypatch.setattr(selection, "compare", counted)
+    monkeypatch.setattr(trials, "items_per_second", rate)
+    monkeypatch.setattr(trials, "compare", counted)
     model = loaded(SentenceEmbedder(folders["st"], engine=options(tmp_path, "auto", "fp32")))
     measurements = model.metadata()["engine"]["measurements"]
     assert len(checked) == 1
@@ -214,7 +214,7 @@ def test_a_reused_decision_is_not_measured_again(
     def no_timing(*args: Any) -> float:
         raise AssertionError("measured again")
 
-    monkeypatch.setattr(selection, "items_per_second", no_timing)
+    monkeypatch.setattr(trials, "items_per_second", no_timing)
     second = loaded(SentenceEmbedder(folders["st"], engine=options(tmp_path, "auto", "fp32")))
     assert second.metadata()["engine"]["reused_from_cache"] is True
     assert second.metadata()["engine"]["routes"] == first.metadata()["engine"]["routes"]

@@ -33,7 +33,7 @@ from tritonclient.utils import InferenceServerException
 from batching import BatchingConfig, ModelConfig
 from batching.grpc import GrpcLimits
 from batching.grpc import v2 as grpc_v2
-from batching.http.connections import ConnectionLimits
+from batching.http.limits import ConnectionLimits
 from batching.keys import ApiKeys
 from tests.support.grpc_door import serving_grpc, stub_for
 from tests.support.metrics import sample

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from batching.http.connections import ConnectionLimits
+from batching.http.limits import ConnectionLimits
 from batching.http.redirects import relative_location
 from tests.support.asgi import app_with, serving
 from tests.support.models import EchoModel

@@ -31,10 +31,10 @@ from .embed_options import (
     OPTION_NAMES,
     EmbedOptions,
     EmbedPlan,
-    OptionError,
     embedding_info,
     plan_embedding,
     read_options,
+    refuse_dense_only,
 )
 from .tokens import json_object, optional_str, texts_of, usage_of
 
@@ -81,17 +81,12 @@ def token_plan(
 
     :raises OptionError: an option the model cannot apply, or one of pooled vectors only.
     """
-    if options.dimensions is not None:
-        raise OptionError(
-            "dimensions shortens pooled embeddings; per-token vectors keep their width",
-            param="dimensions",
-        )
-    if options.encoding != "float" or options.base64:
-        raise OptionError(
-            f"per-token vectors are float; encoding {options.wire_encoding!r} applies to "
-            "pooled embeddings",
-            param="encoding",
-        )
+    refuse_dense_only(
+        options,
+        dimensions="dimensions shortens pooled embeddings; per-token vectors keep their width",
+        encoding=f"per-token vectors are float; encoding {options.wire_encoding!r} applies to "
+        "pooled embeddings",
+    )
     plan = plan_embedding(texts, options, metadata, model=model, truncate_default=truncate_default)
     info = embedding_info(metadata) or {}
     default_prompt = str(info.get("default_prompt") or "")

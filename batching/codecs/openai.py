@@ -38,6 +38,7 @@ import orjson
 from batching.errors import InvalidRequest
 
 from .embed_options import WIRE_ENCODINGS, EmbedOptions, encode_vector, read_options
+from .json_types import json_type
 
 __all__ = [
     "ENCODING_FORMATS",
@@ -110,24 +111,10 @@ def json_object(body: bytes) -> dict[str, Any]:
         ) from None
     if not isinstance(document, dict):
         raise OpenAIError(
-            f"the request body must be a JSON object, not {_json_type(document)}",
+            f"the request body must be a JSON object, not {json_type(document)}",
             code="invalid_type",
         )
     return document
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
 
 
 def model_name(document: Mapping[str, Any]) -> str:
@@ -142,7 +129,7 @@ def model_name(document: Mapping[str, Any]) -> str:
     model = document["model"]
     if not isinstance(model, str) or not model:
         raise OpenAIError(
-            f"model must be a non-empty string, not {_json_type(model)}",
+            f"model must be a non-empty string, not {json_type(model)}",
             param="model",
             code="invalid_type",
         )
@@ -175,7 +162,7 @@ def _texts(value: Any) -> list[str]:
         return [value]
     if not isinstance(value, list):
         raise OpenAIError(
-            f"input must be a string or an array of strings, not {_json_type(value)}",
+            f"input must be a string or an array of strings, not {json_type(value)}",
             param="input",
             code="invalid_type",
         )
@@ -199,7 +186,7 @@ def _texts(value: Any) -> list[str]:
         if isinstance(item, list) and all(_is_token_id(token) for token in item):
             raise _token_ids_error(f"input[{index}]")
         raise OpenAIError(
-            f"input[{index}] is {_json_type(item)}; input must be a string or an array of strings",
+            f"input[{index}] is {json_type(item)}; input must be a string or an array of strings",
             param="input",
             code="invalid_type",
         )

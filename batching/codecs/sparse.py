@@ -24,7 +24,13 @@ from batching.models.items import EMBEDDING_KEY, EmbedItem, SparseVector
 from batching.runtime.deployment import Deployment
 
 from .capability import max_seq_length
-from .embed_options import INPUT_TYPE_ALIASES, OptionError, TextTooLong, read_options
+from .embed_options import (
+    OptionError,
+    TextTooLong,
+    read_options,
+    refuse_dense_only,
+    resolve_prompt,
+)
 from .plain import check_texts
 
 __all__ = [
@@ -126,16 +132,11 @@ def options_request(
         ``encoding`` other than float (a sparse vector has neither).
     """
     read = read_options(options, where=where, ignore=ignore)
-    if read.dimensions is not None:
-        raise OptionError(
-            "dimensions does not apply to sparse vectors: they keep their non-zero entries",
-            param="dimensions",
-        )
-    if read.encoding != "float" or read.base64:
-        raise OptionError(
-            "encoding does not apply to sparse vectors: their values are float",
-            param="encoding",
-        )
+    refuse_dense_only(
+        read,
+        dimensions="dimensions does not apply to sparse vectors: they keep their non-zero entries",
+        encoding="encoding does not apply to sparse vectors: their values are float",
+    )
     return SparseRequest(
         texts=texts,
         model=model,
@@ -145,36 +146,6 @@ def options_request(
         input_type=read.input_type,
         return_tokens=return_tokens,
     )
-
-
-def _prompt(request: SparseRequest, info: Mapping[str, Any]) -> str | None:
-    """The prompt ``prompt_name`` or ``input_type`` picks (as for dense embeddings), or None
-    for the model's default."""
-    prompts = info.get("prompts") or {}
-    if not isinstance(prompts, Mapping):
-        prompts = {}
-    known = ", ".join(repr(name) for name in prompts) or "none"
-    chosen = request.prompt_name
-    if chosen is not None and chosen not in prompts:
-        raise OptionError(
-            f"unknown prompt_name {chosen!r}; this model's prompts: {known}", param="prompt_name"
-        )
-    if request.input_type is not None:
-        candidates = (request.input_type, *INPUT_TYPE_ALIASES.get(request.input_type, ()))
-        by_type = next((name for name in candidates if name in prompts), None)
-        if by_type is None:
-            raise OptionError(
-                f"no prompt for input_type {request.input_type!r}; this model's prompts: {known}",
-                param="input_type",
-            )
-        if chosen is not None and chosen != by_type:
-            raise OptionError(
-                f"prompt_name {chosen!r} and input_type {request.input_type!r} choose different "
-                "prompts; send one of them",
-                param="input_type",
-            )
-        chosen = by_type
-    return None if chosen is None else str(prompts[chosen])
 
 
 def serves_sparse(metadata: Mapping[str, Any]) -> bool:
@@ -193,7 +164,8 @@ def sparse_items(request: SparseRequest, metadata: Mapping[str, Any]) -> list[An
     """
     described = metadata.get(EMBEDDING_KEY)
     info: Mapping[str, Any] = described if isinstance(described, Mapping) else {}
-    prompt = _prompt(request, info)
+    # The prompt prompt_name or input_type picks, as for dense embeddings.
+    prompt = resolve_prompt(request.prompt_name, request.input_type, info, request.model)
     if prompt is None and not request.truncate_left:
         return list(request.texts)
     if prompt is None:

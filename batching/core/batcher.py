@@ -14,31 +14,23 @@ batch, and everything worth counting goes to a :class:`BatchEvents` observer.
 from __future__ import annotations
 
 import asyncio
-import collections
-import logging
 import random
 import time
 from collections.abc import Callable
 from typing import Any
 
-from batching.errors import (
-    ClientError,
-    DeadlineExceeded,
-    InferenceFailed,
-    NotReady,
-    PayloadTooLarge,
-)
+from batching.errors import DeadlineExceeded, NotReady, PayloadTooLarge
 
 from .admission import Admission, Throughput
+from .bisection import run_bisecting
 from .config import BatchingConfig
 from .events import BatchEvents, BatchRun, NoEvents, RequestRun
 from .jobs import InstanceLost, Job, Pending, Request, RunBatch
-from .packing import LENGTH_SPREAD, Batch, inputs_of, longest, padded_tokens
+from .line import Line
+from .packing import Batch, fill_by_length, fill_in_order, longest
 from .policy import BatchPolicy, Formation
 
 __all__ = ["BatchEvents", "Batcher", "InstanceLost", "Job", "Pending", "Request", "RunBatch"]
-
-logger = logging.getLogger("batching")
 
 
 class Batcher:
@@ -77,16 +69,9 @@ class Batcher:
         self.config = config
         self.policy = policy
         self.events: BatchEvents = events or NoEvents()
-        self.queue: asyncio.Queue[Job] = asyncio.Queue()
-        # Jobs taken but not served (a batch that could not take them, a stopped collector)
-        # go back to the head of the line, in order. The unserved rest of a split request
-        # instead waits in the rotation, and joins the back of the queue when the next batch
-        # starts forming, behind what arrived while its turn ran (see :meth:`_rotate`).
-        self._head: collections.deque[Job] = collections.deque()
-        self._rotation: collections.deque[Job] = collections.deque()
-        self._arrival_waiters: list[asyncio.Future[None]] = []
+        #: The jobs waiting, in the order batches take them (fair: see :class:`Line`).
+        self.line = Line()
         self._formation = asyncio.Lock()
-        self.queued_items = 0
         #: Admitted requests none of whose items has started running yet.
         self.queued_requests = 0
         self.busy_instances = 0
@@ -177,12 +162,15 @@ class Batcher:
             token_cap=token_cap,
             trace=trace,
         )
-        self.queue.put_nowait(Job(request, 0, count))
-        self.queued_items += count
+        self.line.arrive(Job(request, 0, count))
         self.queued_requests += 1
         self.policy.observe_arrival(now, count)
-        self._wake_collectors()
         return future
+
+    @property
+    def queued_items(self) -> int:
+        """Items waiting for a batch."""
+        return self.line.items
 
     @property
     def throughput(self) -> Throughput:
@@ -203,37 +191,11 @@ class Batcher:
 
     # --------------------------------------------------------------- loop side: form batches
 
-    def _wake_collectors(self) -> None:
-        waiters, self._arrival_waiters = self._arrival_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-
-    async def _wait_for_arrival(self, within: float) -> None:
-        # Not asyncio.wait_for(queue.get()): on 3.11 it can lose an item that arrives just as
-        # the timeout fires. Waiting for a signal and then taking with get_nowait cannot.
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        self._arrival_waiters.append(waiter)
-        timer = loop.call_later(within, _resolve, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-
     def _take_nowait(self) -> Job | None:
         """The next live job, or None; drops jobs whose caller is gone or too late."""
         while True:
-            if self._head:
-                job = self._head.popleft()
-            elif not self.queue.empty():
-                job = self.queue.get_nowait()
-            elif self._rotation:
-                job = self._rotation.popleft()
-            else:
-                return None
-            self.queued_items -= job.size
-            if self._is_live(job):
+            job = self.line.take()
+            if job is None or self._is_live(job):
                 return job
 
     def _is_live(self, job: Job) -> bool:
@@ -280,14 +242,7 @@ class Batcher:
             job = self._take_nowait()
             if job is not None:
                 return job
-            await self._wait_nonempty()
-
-    async def _wait_nonempty(self) -> None:
-        if not self._head and self.queue.empty() and not self._rotation:
-            loop = asyncio.get_running_loop()
-            waiter: asyncio.Future[None] = loop.create_future()
-            self._arrival_waiters.append(waiter)
-            await waiter
+            await self.line.wait_for_a_job()
 
     async def next_batch(self) -> tuple[list[Job], str, bool]:
         """Wait for work and form the next batch; returns its jobs, why it was released, and
@@ -299,20 +254,18 @@ class Batcher:
         no reason to wait).
         """
         async with self._formation:
-            # The rest of a split request takes its next turn behind what has arrived.
-            while self._rotation:
-                self.queue.put_nowait(self._rotation.popleft())
+            self.line.next_turn()
             waiting = self.queued_items > 0
             first = await self._take()
             batch = Batch(self.config.max_batch_size, self.config.max_batch_tokens)
-            self._return(first, batch.take(first))
+            self.line.leave(first, batch.take(first))
             try:
                 reason = await self._collect(batch, first)
             except asyncio.CancelledError:
                 # The instance is stopping: what it had gathered goes back, in order, for
                 # another instance (or the shutdown) to deal with.
                 for job in reversed(batch.jobs):
-                    self._put_back(job)
+                    self.line.put_back(job)
                 raise
             return batch.jobs, reason, waiting
 
@@ -320,13 +273,13 @@ class Batcher:
         loop = asyncio.get_running_loop()
         config = self.config
         group_by_length = config.max_batch_tokens is not None and first.request.tokens is not None
-        backlog = bool(self._head) or not self.queue.empty() or bool(self._rotation)
+        backlog = self.line.waiting
         oldest = first.request.enqueued_at
         while True:
             if group_by_length:
-                closed = self._fill_by_length(batch, longest(first))
+                closed = fill_by_length(batch, longest(first), self.line, self._take_nowait)
             else:
-                closed = self._fill_in_order(batch)
+                closed = fill_in_order(batch, self.line, self._take_nowait)
             if closed:
                 return "full"
             if batch.items in self._preferred:
@@ -346,79 +299,7 @@ class Batcher:
             remaining = oldest + min(delay, config.max_queue_delay) - loop.time()
             if remaining <= 0:
                 return "deadline" if backlog else "instance_free"
-            await self._wait_for_arrival(remaining)
-
-    def _fill_in_order(self, batch: Batch) -> bool:
-        """Add queued jobs first come, first served; True when the batch can take no more."""
-        while not batch.full:
-            job = self._take_nowait()
-            if job is None:
-                return False
-            rest = batch.take(job)
-            if rest is not None:
-                self._return(job, rest)
-                return True
-        return True
-
-    def _fill_by_length(self, batch: Batch, length: int) -> bool:
-        """Add the queued jobs closest in length to the batch's oldest, so short texts do not
-        pay for a long one's padding. The oldest job is always in the batch, so a long job
-        waits at most until it is the oldest. True when the batch can take no more."""
-        pool: list[Job] = []
-        pooled = 0
-        # Looking further than a few batches ahead buys little and costs a sort per batch.
-        while pooled < 4 * batch.max_items:
-            job = self._take_nowait()
-            if job is None:
-                break
-            pool.append(job)
-            pooled += job.size
-        left: dict[int, Job] = dict(enumerate(pool))
-        split: set[int] = set()
-        for index in sorted(left, key=lambda i: abs(longest(pool[i]) - length)):
-            if batch.full:
-                break
-            other = longest(pool[index])
-            if max(other, length) > LENGTH_SPREAD * max(1, min(other, length)):
-                # A short text in a long batch costs the long one's padding: it waits for a
-                # batch of its own length (at the latest, the one it is the oldest of).
-                continue
-            rest = batch.take(pool[index])
-            if rest is None:
-                del left[index]
-            else:
-                if rest is not pool[index]:
-                    split.add(index)
-                left[index] = rest
-        for index in sorted(left, reverse=True):
-            if index not in split:
-                self._put_back(left[index])
-        for index in sorted(split):
-            self._rotate(left[index])
-        return batch.full or bool(left)
-
-    def _return(self, taken: Job, rest: Job | None) -> None:
-        """What a batch left of ``taken``: nothing, all of it (it keeps its place at the head
-        of the line), or the rest of a split (it goes round to the back)."""
-        if rest is None:
-            return
-        if rest is taken:
-            self._put_back(rest)
-        else:
-            self._rotate(rest)
-
-    def _put_back(self, job: Job | None) -> None:
-        if job is not None:
-            self._head.appendleft(job)
-            self.queued_items += job.size
-
-    def _rotate(self, job: Job) -> None:
-        """The unserved rest of a request that was just served a batch-sized turn goes round
-        to the back of the queue once the next batch starts forming: round-robin by request,
-        so a 1,024-item request cannot hold the line while small requests queued behind it
-        wait for all of it, and it still gets a turn per round however many arrive."""
-        self._rotation.append(job)
-        self.queued_items += job.size
+            await self.line.wait_for_arrival(remaining)
 
     # ----------------------------------------------------------- loop side: run and resolve
 
@@ -453,7 +334,9 @@ class Batcher:
                 # estimate: a batch of a few items at low load (or while a retry storm keeps
                 # most requests out) understates it, and learning from it would refuse more.
                 learn = reason == "full" or 2 * running >= self.config.max_batch_size
-                items, tokens, compute_s = await self._run_isolating_errors(run, jobs, learn)
+                items, tokens, compute_s = await run_bisecting(
+                    run, jobs, self.name, self._observe, learn
+                )
             except (InstanceLost, asyncio.CancelledError):
                 # The instance is gone (or the server stops): these callers must hear now,
                 # not at their deadline.
@@ -486,64 +369,11 @@ class Batcher:
                 if job.request.future.done():
                     self._report(job.request)
 
-    async def _run_isolating_errors(
-        self, run: RunBatch, jobs: list[Job], learn: bool = False
-    ) -> tuple[int, int, float]:
-        """Run ``jobs`` as one batch; when the model raises, bisect so that only the jobs
-        holding a failing input fail. Returns items, padded tokens and compute seconds.
-        ``learn``: the batch is representative of a busy instance, and its rate is learnt."""
-        inputs = inputs_of(jobs)
-        tokens = padded_tokens(jobs)
-        try:
-            outputs, compute_s = await run(inputs)
-        except InstanceLost:
-            raise
-        except Exception as exc:
-            if len(jobs) == 1 and isinstance(exc, ClientError):
-                # The model says this input is one it cannot take: the client's to fix.
-                logger.debug(
-                    "model %s refused request %s: %s",
-                    self.name,
-                    jobs[0].request.request_id or "-",
-                    exc,
-                )
-                jobs[0].request.fail(exc)
-                return len(inputs), tokens, 0.0
-            if len(jobs) == 1:
-                job = jobs[0]
-                logger.error(
-                    "model %s failed on request %s: %r",
-                    self.name,
-                    job.request.request_id or "-",
-                    exc,
-                    exc_info=exc,
-                )
-                job.request.fail(InferenceFailed("the model failed on this request's input"))
-                return len(inputs), tokens, 0.0
-            middle = len(jobs) // 2
-            left = await self._run_isolating_errors(run, jobs[:middle])
-            right = await self._run_isolating_errors(run, jobs[middle:])
-            return left[0] + right[0], left[1] + right[1], left[2] + right[2]
-        if len(outputs) != len(inputs):
-            logger.error(
-                "model %s returned %d outputs for %d inputs; failing requests %s",
-                self.name,
-                len(outputs),
-                len(inputs),
-                ",".join(job.request.request_id or "-" for job in jobs),
-            )
-            failure = InferenceFailed("the model returned the wrong number of outputs")
-            for job in jobs:
-                job.request.fail(failure)
-            return len(inputs), tokens, compute_s
+    def _observe(self, items: int, tokens: int, compute_s: float, learn: bool) -> None:
+        """A batch the model ran to the end; ``learn``: it shows what a busy instance does."""
         if learn:
-            self.throughput.observe(len(inputs), compute_s)
-        self.policy.observe_batch(len(inputs), tokens, compute_s)
-        offset = 0
-        for job in jobs:
-            job.request.settle(job.start, outputs[offset : offset + job.size])
-            offset += job.size
-        return len(inputs), tokens, compute_s
+            self.throughput.observe(items, compute_s)
+        self.policy.observe_batch(items, tokens, compute_s)
 
     def fail_all(self, exc: BaseException) -> None:
         """Fail everything still queued (shutdown with nothing left to serve it)."""
@@ -568,8 +398,3 @@ def _traces_of(jobs: list[Job]) -> list[object]:
         request.batches += 1
         traces.append(request.trace)
     return traces
-
-
-def _resolve(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)

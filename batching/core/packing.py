@@ -1,12 +1,23 @@
-"""Packing jobs into a batch under the item and padded-token caps."""
+"""Packing jobs into a batch under the item and padded-token caps: a forming batch
+(:class:`Batch`), and the two ways it is filled from the line, in order or by length."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .jobs import Job
+from .line import Line
 
-__all__ = ["LENGTH_SPREAD", "Batch", "inputs_of", "longest", "padded_tokens"]
+__all__ = [
+    "LENGTH_SPREAD",
+    "Batch",
+    "fill_by_length",
+    "fill_in_order",
+    "inputs_of",
+    "longest",
+    "padded_tokens",
+]
 
 #: With a token cap, a batch takes inputs at most this many times longer or shorter than its
 #: oldest one: mixing lengths further apart costs more padding than a batch of its own.
@@ -72,6 +83,58 @@ class Batch:
         self.jobs.append(head)
         self.items += room
         return Job(job.request, job.start + room, job.stop)
+
+
+def fill_in_order(batch: Batch, line: Line, take: Callable[[], Job | None]) -> bool:
+    """Add the jobs ``take`` gives (the live ones of ``line``) first come, first served; True
+    when the batch can take no more."""
+    while not batch.full:
+        job = take()
+        if job is None:
+            return False
+        rest = batch.take(job)
+        if rest is not None:
+            line.leave(job, rest)
+            return True
+    return True
+
+
+def fill_by_length(batch: Batch, length: int, line: Line, take: Callable[[], Job | None]) -> bool:
+    """Add the jobs closest in length to the batch's oldest (``length`` tokens), so short
+    texts do not pay for a long one's padding. The oldest job is always in the batch, so a
+    long job waits at most until it is the oldest. True when the batch can take no more."""
+    pool: list[Job] = []
+    pooled = 0
+    # Looking further than a few batches ahead buys little and costs a sort per batch.
+    while pooled < 4 * batch.max_items:
+        job = take()
+        if job is None:
+            break
+        pool.append(job)
+        pooled += job.size
+    left: dict[int, Job] = dict(enumerate(pool))
+    split: set[int] = set()
+    for index in sorted(left, key=lambda i: abs(longest(pool[i]) - length)):
+        if batch.full:
+            break
+        other = longest(pool[index])
+        if max(other, length) > LENGTH_SPREAD * max(1, min(other, length)):
+            # A short text in a long batch costs the long one's padding: it waits for a
+            # batch of its own length (at the latest, the one it is the oldest of).
+            continue
+        rest = batch.take(pool[index])
+        if rest is None:
+            del left[index]
+        else:
+            if rest is not pool[index]:
+                split.add(index)
+            left[index] = rest
+    for index in sorted(left, reverse=True):
+        if index not in split:
+            line.put_back(left[index])
+    for index in sorted(split):
+        line.rotate(left[index])
+    return batch.full or bool(left)
 
 
 def inputs_of(jobs: list[Job]) -> list[Any]:

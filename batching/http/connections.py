@@ -1,6 +1,6 @@
 """Bounded HTTP/1.1 connections: the timeouts and the cap uvicorn lacks, in its own protocol.
 
-uvicorn (0.54) closes an idle keep-alive connection (``timeout_keep_alive``) but has no
+uvicorn closes an idle keep-alive connection (``timeout_keep_alive``) but has no
 timeout for a request whose headers or body never finish arriving, and its only cap
 (``limit_concurrency``) answers 503 to *every request* once that many connections are open,
 so 2,000 idle sockets would turn every normal client away. :func:`protocol_class` builds a
@@ -14,22 +14,13 @@ subclass of uvicorn's httptools protocol that adds, per connection:
 - a **connection cap**: a connection beyond it is answered at once with a canned 503 and
   closed, without ever reaching the app, so the open connections (and file descriptors)
   stay bounded while the connections already open are served as usual;
-- a **lingering close** (:mod:`batching.http.lingering`): an answer sent before the request
-  has all arrived (a 413 for a 32 MiB body, a 401, a 431, or any early error) says
-  ``connection: close``; the server half-closes where the transport can, discards what still
-  arrives until the request's body is all in, the client closes, or
-  :attr:`ConnectionLimits.linger` seconds have passed, and then closes (over TLS, with a
-  close_notify), as nginx does. Closing at once would make the kernel answer the unread bytes
-  with a reset, and the client would lose the answer it had not read yet.
+- a **lingering close** (:mod:`batching.http.lingering`, which says why): an answer sent
+  before the request has all arrived says ``connection: close``, and the connection drains
+  what still arrives for at most :attr:`ConnectionLimits.linger` seconds before it closes.
 
-It also holds **early resends**. A refusal (503) leaves in the request's scope how long the
-queue needs before it could take that request (:func:`hold_resends`). When the same request
-(method, path, query and body alike) comes back from the same client address before then, on
-that connection or a new one (:mod:`batching.http.resends`), it is read but not started until
-then: a client that resends at once, ignoring Retry-After, waits as if it had honoured a short
-one, instead of costing the server a refusal (and a new connection) every millisecond. A first
-request, another request, or the same one from another address is never held, so a refusal
-itself stays immediate.
+It also holds **early resends** (:mod:`batching.http.resends` says which and why): a
+refusal leaves in the request's scope how long the queue needs (:func:`hold_resends`); the same
+request from the same client address, back before then, is read but not started until then.
 
 It also bounds **what a request may be** before any handler runs:
 
@@ -42,22 +33,19 @@ It also bounds **what a request may be** before any handler runs:
 - **Host**: an HTTP/1.1 request must carry exactly one Host header (RFC 9112, section 3.2);
   without one, or with two, 400 and close. HTTP/1.0 may omit it.
 
-And it keeps the **probes** answering when every slot is taken: beyond the connection cap,
-:attr:`ConnectionLimits.probe_connections` more connections are taken on probation. Such a
-connection serves one request, and only if its request line asks for a probe path
-(:data:`PROBE_PATHS`); any other request gets the cap's 503. It must send its headers within
-:data:`PROBE_HEADER_TIMEOUT`, and when all reserved slots are taken, a new connection evicts
-the oldest one still silent, so idle sockets cannot hold the reserve: a prober that sends its
-request as it connects (as kubelet and load balancers do) is always heard.
+And it keeps the **probes** answering when every slot is taken, on connections taken beyond
+the cap for one probe request each (:mod:`batching.http.probes`).
 
 Timers are armed only while a request is incomplete: a request that arrives in one read pays
 one timer (the header timer, cancelled by its own headers), a multi-read body one per read.
+
+Some of what it overrides is private to uvicorn: :mod:`batching.http.uvicorn_check` says what,
+and :func:`protocol_class` checks that the uvicorn installed still has it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import zlib
 from collections.abc import MutableMapping
 from typing import Any, cast
@@ -68,23 +56,17 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 from batching.errors import Unavailable
 
+from . import canned
+from .limits import ConnectionLimits
 from .lingering import Linger, LingeringTransport, adopt
-from .resends import RequestKey, Resends
+from .probes import PROBE_HEADER_TIMEOUT, PROBE_PATHS, ProbeReserve
+from .resends import RequestKey, Resends, content_length, holdable
+from .uvicorn_check import check_uvicorn
 
-__all__ = ["HOLD_KEY", "PROBE_PATHS", "ConnectionLimits", "hold_resends", "protocol_class"]
+__all__ = ["HOLD_KEY", "hold_resends", "protocol_class"]
 
 #: Where a door leaves, in a refused request's scope, how long an early resend of it is held.
 HOLD_KEY = "batching.hold"
-
-#: The largest body a held resend may have: uvicorn stops reading past 64 KiB of unread body,
-#: and a held request must be read whole before it can be compared.
-HOLDABLE_BODY = 65536
-
-#: The paths a reserved (beyond the cap) connection may ask for: liveness and readiness.
-PROBE_PATHS = frozenset({b"/v2/health/live", b"/v2/health/ready"})
-
-#: How long a reserved connection may take to send its headers.
-PROBE_HEADER_TIMEOUT = 1.0
 
 
 def hold_resends(scope: MutableMapping[str, Any], exc: Unavailable) -> None:
@@ -92,73 +74,6 @@ def hold_resends(scope: MutableMapping[str, Any], exc: Unavailable) -> None:
     ``exc.hold`` seconds have passed, until then."""
     if exc.hold is not None and exc.hold > 0:
         scope[HOLD_KEY] = exc.hold
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ConnectionLimits:
-    """How long a connection may take, and how many there may be. Seconds; 0 turns one off."""
-
-    #: From a request's first byte (or the connection's start) until its headers are in.
-    header_timeout: float = 10.0
-    #: Longest gap between two reads of a body that is still arriving.
-    body_timeout: float = 10.0
-    #: An idle kept-alive connection is closed after this long.
-    keep_alive_timeout: float = 5.0
-    #: Most open connections; beyond it a new one gets 503 and is closed. 0: no cap.
-    max_connections: int = 4096
-    #: After answering before the request was all read, the longest to drain it before closing.
-    linger: float = 5.0
-    #: Most bytes of a request line and headers together; beyond it, 431. 0: no limit.
-    max_header_bytes: int = 65536
-    #: Most header lines in a request; beyond it, 431. 0: no limit.
-    max_header_count: int = 100
-    #: From the end of the headers until the body's last byte; past it, 408. 0: never.
-    body_deadline: float = 30.0
-    #: Connections beyond ``max_connections`` taken for one probe request each.
-    probe_connections: int = 8
-
-    def __post_init__(self) -> None:
-        for name in (
-            "header_timeout",
-            "body_timeout",
-            "keep_alive_timeout",
-            "linger",
-            "body_deadline",
-        ):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0")
-        for name in ("max_connections", "max_header_count", "probe_connections"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0")
-        if self.max_header_bytes and self.max_header_bytes < 1024:
-            raise ValueError("max_header_bytes must be 0 (no limit) or >= 1024")
-
-
-def _canned(status: bytes, reason: bytes, extra: bytes = b"") -> bytes:
-    body = b'{"error":"' + reason + b'"}'
-    return (
-        b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
-        b"content-length: "
-        + str(len(body)).encode()
-        + b"\r\n"
-        + extra
-        + b"connection: close\r\n\r\n"
-    ) + body
-
-
-TOO_MANY_CONNECTIONS = _canned(
-    b"503 Service Unavailable", b"too many connections; retry", b"retry-after: 1\r\n"
-)
-HEADER_TIMEOUT = _canned(b"408 Request Timeout", b"the request headers took too long")
-BODY_TIMEOUT = _canned(b"408 Request Timeout", b"the request body took too long")
-BODY_DEADLINE = _canned(
-    b"408 Request Timeout", b"the request body was not all in within the body deadline"
-)
-HEADERS_TOO_LARGE = _canned(
-    b"431 Request Header Fields Too Large", b"the request headers are too large"
-)
-TOO_MANY_HEADERS = _canned(b"431 Request Header Fields Too Large", b"too many request headers")
-BAD_HOST = _canned(b"400 Bad Request", b"an HTTP/1.1 request must carry exactly one Host header")
 
 
 class _Refused(Exception):
@@ -170,7 +85,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     limits = ConnectionLimits()
     #: The reserved (probe-only) connections open now, oldest first; one per server.
-    reserve: dict[BoundedHttpProtocol, None] = {}
+    reserve: ProbeReserve[BoundedHttpProtocol] = ProbeReserve(limits.probe_connections)
     #: Refused requests by client address, whose early resends are held; one per server.
     resends = Resends()
 
@@ -211,33 +126,26 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         cap = self.limits.max_connections
         if cap and len(self.connections) - len(self.reserve) >= cap:
-            if not self._take_reserved_slot():
+            if not self.reserve.take(self):
                 self.transport = cast(asyncio.Transport, transport)
                 transport = cast(asyncio.Transport, transport)
-                transport.write(TOO_MANY_CONNECTIONS)
+                transport.write(canned.TOO_MANY_CONNECTIONS)
                 self._linger(min(1.0, self.limits.linger))
                 return
             self._probe_only = True
-            self.reserve[self] = None
         super().connection_made(transport)  # type: ignore[arg-type]
         self._arm_header_timer()
 
-    def _take_reserved_slot(self) -> bool:
-        """Whether this connection, beyond the cap, may wait for a probe request: a reserved
-        slot is free, or the oldest reserved connection still silent gives up its own."""
-        if len(self.reserve) < self.limits.probe_connections:
-            return True
-        for other in self.reserve:
-            if other._heads == 0 and not other._discarding:
-                other._evict()
-                return True
-        return False
+    def silent(self) -> bool:
+        """A reserved connection that has sent no head yet, and is not being refused."""
+        return self._heads == 0 and not self._discarding
 
-    def _evict(self) -> None:
-        # It has sent nothing to read: answer and close, without a linger to hold its socket.
-        self.reserve.pop(self, None)
+    def evict(self) -> None:
+        """Give up a reserved slot: it has sent nothing to read, so answer and close, without
+        a linger to hold its socket."""
+        self.reserve.release(self)
         self._discarding = True
-        self.transport.write(TOO_MANY_CONNECTIONS)
+        self.transport.write(canned.TOO_MANY_CONNECTIONS)
         self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -249,7 +157,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         if self._lingering is not None:
             self._lingering.cancel()
         self._deferred = None
-        self.reserve.pop(self, None)
+        self.reserve.release(self)
         super().connection_lost(exc)
 
     def eof_received(self) -> bool | None:  # type: ignore[override]
@@ -308,7 +216,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             if self._discarding or self.transport.is_closing():
                 return
             if self._heads == heads:
-                self._refuse(HEADERS_TOO_LARGE)
+                self._refuse(canned.HEADERS_TOO_LARGE)
                 return
 
     def _refuse(self, answer: bytes) -> None:
@@ -334,7 +242,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._header_count += 1
         cap = self.limits.max_header_count
         if cap and self._header_count > cap:
-            self._refusal = TOO_MANY_HEADERS
+            self._refusal = canned.TOO_MANY_HEADERS
             raise _Refused
         super().on_header(name, value)
 
@@ -360,9 +268,9 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         """What to answer instead of serving a head just complete, if anything."""
         version = self.parser.get_http_version()
         if version == "1.1" and sum(1 for name, _ in self.headers if name == b"host") != 1:
-            return BAD_HOST
+            return canned.BAD_HOST
         if self._probe_only and httptools.parse_url(self.url).path not in PROBE_PATHS:
-            return TOO_MANY_CONNECTIONS
+            return canned.TOO_MANY_CONNECTIONS
         return None
 
     def on_message_begin(self) -> None:
@@ -411,7 +319,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         return self.client[0] if self.client else ""
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
-        if self.resends and cycle is self.cycle and cycle.more_body and _holdable(cycle.scope):
+        if self.resends and cycle is self.cycle and cycle.more_body and holdable(cycle.scope):
             # Possibly a refused request again, too early: compare once it is all in.
             self._deferred = (cycle, app)
             return
@@ -473,7 +381,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is None or self._in_head or not cycle.more_body:
             return None
-        length = _content_length(cycle.scope)
+        length = content_length(cycle.scope)
         return None if length is None else length - self._body_length
 
     def _arm_header_timer(self) -> None:
@@ -489,16 +397,16 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             return
         if self.cycle is not None and not self.cycle.response_complete:
             return  # a request is in progress; its headers are complete
-        self.transport.write(HEADER_TIMEOUT)
+        self.transport.write(canned.HEADER_TIMEOUT)
         self.transport.close()
 
     def _body_expired(self) -> None:
         self._body_timer = None
-        self._end_body(BODY_TIMEOUT)
+        self._end_body(canned.BODY_TIMEOUT)
 
     def _deadline_passed(self) -> None:
         self._deadline_timer = None
-        self._end_body(BODY_DEADLINE)
+        self._end_body(canned.BODY_DEADLINE)
 
     def _end_body(self, answer: bytes) -> None:
         for timer in (self._body_timer, self._deadline_timer):
@@ -517,27 +425,18 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def _content_length(scope: Any) -> int | None:
-    """The body's length a request announced (``Content-Length``), if it did."""
-    for name, value in scope["headers"]:
-        if name.lower() == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
-
-
-def _holdable(scope: Any) -> bool:
-    """Whether a request's body is announced and small enough to be read whole while held."""
-    length = _content_length(scope)
-    return length is not None and length <= HOLDABLE_BODY
-
-
 def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
-    """A protocol class for ``uvicorn.Config(http=...)`` that enforces ``limits``."""
+    """A protocol class for ``uvicorn.Config(http=...)`` that enforces ``limits``.
+
+    :raises UvicornMismatch: uvicorn lacks what this protocol overrides or calls.
+    """
+    check_uvicorn()
     return type(
         "BoundedHttpProtocol",
         (BoundedHttpProtocol,),
-        {"limits": limits, "reserve": {}, "resends": Resends()},
+        {
+            "limits": limits,
+            "reserve": ProbeReserve(limits.probe_connections),
+            "resends": Resends(),
+        },
     )

@@ -7,7 +7,7 @@ transport:
 
 - the answer says so: uvicorn's request cycle, once :func:`adopt` has taken it, adds
   ``connection: close`` to an answer begun while the body is still arriving (the canned
-  answers of :mod:`batching.http.connections` always carry it), so a client's pool opens a
+  answers of :mod:`batching.http.canned` always carry it), so a client's pool opens a
   new connection for its next request instead of sending it into one that is ending;
 - the server **lingers**, as nginx does (:class:`Linger`): where the transport can, it
   half-closes at once (FIN after the answer), then reads and discards what the client still
@@ -15,7 +15,7 @@ transport:
   kernel answers unread bytes at close with a reset, and the reset makes the client's kernel
   drop the answer it had not read yet);
 - the linger ends, and the connection closes, as soon as the request's announced body is all
-  in, the client closes its side, or :attr:`~batching.http.connections.ConnectionLimits.linger`
+  in, the client closes its side, or :attr:`~batching.http.limits.ConnectionLimits.linger`
   seconds have passed. Over TLS, which cannot half-close, closing sends the TLS close_notify
   after the answer: the client sees a clean end of the connection, never a silence in which
   its next request would be lost.

@@ -17,13 +17,19 @@ costs at most one bounded slot that its hold's end frees.
 
 from __future__ import annotations
 
+from typing import Any
+
 #: Most refused requests remembered at once (a few hundred bytes each).
 MAX_HELD = 16384
+
+#: The largest body a held resend may have: uvicorn stops reading past 64 KiB of unread body,
+#: and a held request must be read whole before it can be compared.
+HOLDABLE_BODY = 65536
 
 #: What makes two requests the same: method, path, query, body length and body CRC-32.
 RequestKey = tuple[str, bytes, bytes, int, int]
 
-__all__ = ["MAX_HELD", "RequestKey", "Resends"]
+__all__ = ["HOLDABLE_BODY", "MAX_HELD", "RequestKey", "Resends", "content_length", "holdable"]
 
 
 class Resends:
@@ -55,3 +61,20 @@ class Resends:
         if until is None or until <= now:
             return None
         return until
+
+
+def content_length(scope: Any) -> int | None:
+    """The body's length a request announced (``Content-Length``), if it did."""
+    for name, value in scope["headers"]:
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def holdable(scope: Any) -> bool:
+    """Whether a request's body is announced and small enough to be read whole while held."""
+    length = content_length(scope)
+    return length is not None and length <= HOLDABLE_BODY

@@ -3,9 +3,7 @@ local model folder, with the request parameters each declares applied."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +26,23 @@ from ._torch import (
     to_numpy,
     warmup_text,
 )
+from .engines.job import EngineJob
 from .engines.logits import LogitsModel, mask_logits, scores
-from .engines.measure import resident_mb
+from .engines.measure import grown_mb, resident_mb
 from .engines.options import EngineOptions
 from .engines.plan import EnginePlan
-from .engines.selection import EngineJob, select_engine
+from .engines.selection import select_engine
 from .parameters import PARAMETERS_KEY, Param, TaskItem, group_by_parameters
+from .pipeline_io import (
+    classifiable,
+    input_of,
+    is_one_per_input,
+    jsonable,
+    labels_of,
+    pair_of,
+    per_item_postprocess,
+    pipeline_value,
+)
 from .protocol import warmup_batches
 from .tasks.table import declared as declared_parameters
 from .tasks.table import resolve_task
@@ -57,19 +66,6 @@ _TEXT_TASKS = frozenset(
         "token-classification",
     }
 )
-
-
-def _jsonable(value: Any) -> Any:
-    """Pipelines return numpy and torch values inside lists and dicts: make them plain JSON."""
-    if isinstance(value, dict):
-        return {str(key): _jsonable(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(item) for item in value]
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().tolist()
-    if isinstance(value, np.ndarray | np.generic):
-        return value.tolist()
-    return value
 
 
 class PipelineModel:
@@ -177,7 +173,7 @@ class PipelineModel:
                 view=self._view,
                 calibration=self._calibration,
                 sample=self._sample,
-                reference_mb=_grown(before),
+                reference_mb=grown_mb(before),
             )
         )
         if self.task in _ENGINE_TASKS:
@@ -231,7 +227,7 @@ class PipelineModel:
         if not inputs:
             return []
         if self.task == "feature-extraction":
-            return self._embed([_input_of(item) for item in inputs])
+            return self._embed([input_of(item) for item in inputs])
         outputs: list[Any] = [None] * len(inputs)
         for key, positions in group_by_parameters(inputs, self._neutral).items():
             group = [inputs[position] for position in positions]
@@ -242,14 +238,14 @@ class PipelineModel:
     def _run(self, items: list[Any], shared: dict[str, Any]) -> list[Any]:
         """``items`` in one pipeline call, with ``shared`` (the parameters that change the
         forward pass, equal for all of them) and each item's own post-processing ones."""
-        batch = [_input_of(item) for item in items]
+        batch = [input_of(item) for item in items]
         if self.takes_pairs:
-            batch = [_classifiable(item) for item in batch]
+            batch = [classifiable(item) for item in batch]
         own = [self._postprocess_params(item) for item in items]
         kwargs = {**self._call_kwargs(), **shared}
         try:
             if any(own):
-                with _per_item_postprocess(self._pipeline, own):
+                with per_item_postprocess(self._pipeline, own):
                     outputs = self._pipeline(batch, batch_size=len(batch), **kwargs)
             else:
                 outputs = self._pipeline(batch, batch_size=len(batch), **kwargs)
@@ -263,14 +259,14 @@ class PipelineModel:
                 ) from exc
             raise
         # Some pipelines (fill-mask, ...) unwrap a one-item list and return that item's output.
-        if len(batch) == 1 and (self.task == "fill-mask" or not _is_one_per_input(outputs, 1)):
+        if len(batch) == 1 and (self.task == "fill-mask" or not is_one_per_input(outputs, 1)):
             outputs = [outputs]
-        if not _is_one_per_input(outputs, len(batch)):
+        if not is_one_per_input(outputs, len(batch)):
             raise RuntimeError(
                 f"pipeline {self.task!r} returned {type(outputs).__name__} "
                 f"for {len(batch)} inputs, not one output per input"
             )
-        return [_jsonable(output) for output in outputs]
+        return [jsonable(output) for output in outputs]
 
     def _postprocess_params(self, item: Any) -> dict[str, Any]:
         """The post-processing arguments of ``item``'s batch-neutral parameters, as the
@@ -281,7 +277,7 @@ class PipelineModel:
         """
         if not isinstance(item, TaskItem):
             return {}
-        given = {key: _pipeline_value(value) for key, value in item.parameters}
+        given = {key: pipeline_value(value) for key, value in item.parameters}
         neutral = {key: value for key, value in given.items() if key in self._neutral}
         if not neutral:
             return {}
@@ -329,11 +325,11 @@ class PipelineModel:
     def _text_of(self, item: Any) -> tuple[str, str | None] | None:
         if not self.is_text:
             return None
-        item = _input_of(item)
+        item = input_of(item)
         if isinstance(item, str):
             return item, None
         if self.takes_pairs and isinstance(item, dict):
-            pair = _text_pair(item)
+            pair = pair_of(item)
             if pair is not None:
                 return pair
         return None
@@ -384,7 +380,7 @@ class PipelineModel:
             inputs.append(
                 {"name": "text_pair", "datatype": "BYTES", "shape": [-1], "optional": True}
             )
-            labels = _labels_of(self._config)
+            labels = labels_of(self._config)
             if labels:
                 described["labels"] = labels
         if self.parameters:
@@ -394,80 +390,3 @@ class PipelineModel:
         if self._plan is not None:
             described["engine"] = self._plan.describe()
         return {"inputs": inputs, "outputs": outputs, "task": self.task, **described}
-
-
-def _input_of(item: Any) -> Any:
-    """The input of ``item`` without its request's parameters."""
-    return item.input if isinstance(item, TaskItem) else item
-
-
-def _pipeline_value(value: Any) -> Any:
-    """A checked parameter as the pipeline takes it (a list where it was a tuple)."""
-    return list(value) if isinstance(value, tuple) else value
-
-
-@contextlib.contextmanager
-def _per_item_postprocess(pipe: Any, own: list[dict[str, Any]]) -> Iterator[None]:
-    """Within the block, ``pipe`` post-processes its n-th output with ``own[n]`` over the call's
-    own arguments: a pipeline post-processes its outputs one by one, in input order, so items
-    with different post-processing parameters share one forward pass. The instance's
-    attribute shadows the class's method, on this instance's own thread only."""
-    original = pipe.postprocess
-    each = iter(own)
-
-    def postprocess(model_outputs: Any, **params: Any) -> Any:
-        return original(model_outputs, **{**params, **next(each)})
-
-    pipe.postprocess = postprocess
-    try:
-        yield
-    finally:
-        del pipe.postprocess
-
-
-def _text_pair(item: dict[Any, Any]) -> tuple[str, str | None] | None:
-    """``(text, text_pair)`` of a pair input ``{"text": a, "text_pair": b}`` (``text_pair``
-    optional), or None when ``item`` is not one."""
-    text, pair = item.get("text"), item.get("text_pair")
-    if set(item) - {"text", "text_pair"} or not isinstance(text, str):
-        return None
-    if pair is not None and not isinstance(pair, str):
-        return None
-    return text, pair
-
-
-def _classifiable(item: Any) -> Any:
-    """An input as the text-classification pipeline takes it: a text, or a pair dict."""
-    if isinstance(item, str):
-        return item
-    pair = _text_pair(item) if isinstance(item, dict) else None
-    if pair is None:
-        raise TypeError(
-            f"text-classification takes a text or {{'text': ..., 'text_pair': ...}} of texts, "
-            f"not {type(item).__name__}"
-        )
-    text, text_pair = pair
-    return text if text_pair is None else {"text": text, "text_pair": text_pair}
-
-
-def _labels_of(config: dict[str, Any]) -> list[str]:
-    """The classifier's labels in the order of its logits, from ``id2label``."""
-    id2label = config.get("id2label")
-    if not isinstance(id2label, dict) or not id2label:
-        return []
-    try:
-        by_index = {int(index): str(label) for index, label in id2label.items()}
-    except (TypeError, ValueError):
-        return []
-    if sorted(by_index) != list(range(len(by_index))):
-        return []
-    return [by_index[index] for index in range(len(by_index))]
-
-
-def _is_one_per_input(outputs: Any, count: int) -> bool:
-    return isinstance(outputs, list) and len(outputs) == count
-
-
-def _grown(before: float | None) -> float | None:
-    after = resident_mb()
-    return None if before is None or after is None else max(0.0, after - before)

@@ -10,10 +10,19 @@ int8/uint8 ranges, as ``quantize_embeddings(..., calibration_embeddings=...)`` w
 them; a ``dimensions`` request's ranges come from the same vectors cut to that width (and
 re-normalised when the model's vectors are unit vectors), computed once per width.
 
-Pure numpy: no torch, no model.
+The calibration vectors are kept in the engine cache beside the engine choice they were
+computed with (:func:`kept_calibration`), so a cached start runs no calibration batch.
+
+numpy and the cache's files: no torch, no model.
 """
 
 from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -21,6 +30,7 @@ __all__ = [
     "CALIBRATION_COUNT",
     "Calibration",
     "calibration_sentences",
+    "kept_calibration",
     "quantize",
     "ranges_of",
     "shorten",
@@ -175,3 +185,31 @@ class Calibration:
     def describe(self) -> list[list[float]]:
         """The full-width ranges as JSON lists: ``[[min per dim], [max per dim]]``."""
         return [[float(x) for x in row] for row in self.ranges()]
+
+
+def kept_calibration(
+    cache: Path | None, key: object, compute: Callable[[], np.ndarray]
+) -> np.ndarray:
+    """The calibration vectors ``compute`` makes, kept in the engine cache folder ``cache``
+    under ``key`` (JSON: everything they depend on), and read from it while they are there;
+    ``cache`` None: computed each time. A cache that cannot be written only costs the next
+    start the computation again."""
+    if cache is None:
+        return compute()
+    digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:20]
+    path = cache / "calibration" / f"{digest}.npy"
+    try:
+        vectors: np.ndarray = np.load(path)
+        return vectors
+    except (OSError, ValueError):
+        pass
+    vectors = compute()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        with temporary.open("wb") as handle:
+            np.save(handle, vectors)
+        os.replace(temporary, path)
+    except OSError:
+        pass  # a read-only cache: computed again at the next start
+    return vectors

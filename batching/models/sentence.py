@@ -10,22 +10,19 @@ Runtime never loads torch."""
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from batching.errors import UnprocessableInput
-
 from . import tokenizing
 from .default import DEFAULT_MODEL_NAME, default_model_path
 from .engines.apart import run_apart
+from .engines.job import EngineJob
 from .engines.options import EngineOptions
 from .engines.plan import EnginePlan
-from .engines.selection import EngineJob, measure_engines, select_engine
+from .engines.selection import measure_engines, select_engine
 from .items import (
     EMBEDDING_KEY,
     ENCODINGS,
@@ -34,10 +31,17 @@ from .items import (
     TokenizeItem,
     TokenVectors,
 )
-from .pooling import LEGACY_POOLING_FLAGS, POOLING_MODES, pool
 from .prompts import PromptOptions, read_prompts
 from .protocol import warmup_batches
-from .quantize import CALIBRATION_COUNT, Calibration, calibration_sentences, quantize, shorten
+from .quantize import (
+    CALIBRATION_COUNT,
+    Calibration,
+    calibration_sentences,
+    kept_calibration,
+    quantize,
+    shorten,
+)
+from .sentence_modules import SentenceModules
 from .texts import LazyCounter, TokenCounter, calibration_texts, read_json, warmup_text
 from .tokenizer_json import FILE as TOKENIZER_JSON
 from .tokenizer_json import JsonTokenizer, matches
@@ -59,10 +63,8 @@ class SentenceEmbedder:
     ``max_seq_length``, run the encoder, pool (every mode ``1_Pooling/config.json`` may name:
     mean, cls, max, mean_sqrt_len_tokens, weightedmean, lasttoken; with the tokenizer's
     padding side, left for decoder embedders; prompt tokens left out when the folder says
-    ``include_prompt: false``), then L2-normalise when ``modules.json`` lists Normalize. A
-    folder without ``modules.json`` is pooled with its pooling config (mean if none) and
-    normalised, since unit vectors are what cosine search expects. Folders with other modules
-    (Dense, ...) are refused rather than served with silently different vectors.
+    ``include_prompt: false``), then L2-normalise when ``modules.json`` lists Normalize
+    (:mod:`batching.models.sentence_modules`, which says what other folders get).
 
     Prompts come from ``config_sentence_transformers.json``; the effective default (the
     folder's ``default_prompt_name``, unless ``prompt`` overrides it) is prepended to every
@@ -115,16 +117,12 @@ class SentenceEmbedder:
         self.prompts = read_prompts(self.path, prompt, self.name)
         self._default_prompt = self.prompts.default
 
-        pooling_dir, self.normalize = self._read_modules()
-        pooling_path = self.path / pooling_dir / "config.json"
-        pooling = read_json(pooling_path) if pooling_path.is_file() else {}
-        self.pooling_modes = self._pooling_modes(pooling)
+        self.modules = SentenceModules.read(self.path, self._config)
+        self.pooling_modes = self.modules.modes
         # False: prompt tokens are left out of pooling (instruction models such as INSTRUCTOR).
-        self.include_prompt = bool(pooling.get("include_prompt", True))
-        width = pooling.get("word_embedding_dimension") or pooling.get("embedding_dimension")
-        if not isinstance(width, int):
-            width = self._config.get("hidden_size") or self._config.get("d_model")
-        self.dimension: int = width * len(self.pooling_modes) if isinstance(width, int) else -1
+        self.include_prompt = self.modules.include_prompt
+        self.normalize = self.modules.normalize
+        self.dimension: int = self.modules.dimension
 
         self.engine = engine or EngineOptions(engine="torch", precision="fp32")
         self._device = "cpu"
@@ -133,42 +131,6 @@ class SentenceEmbedder:
         self._transformers_tokenizer: Any = None
         self._quantization: Calibration | None = None
         self._prompt_lengths: dict[str, int] = {}
-
-    def _read_modules(self) -> tuple[str, bool]:
-        """Where the pooling config lives, and whether outputs are normalised."""
-        modules_path = self.path / "modules.json"
-        if not modules_path.is_file():
-            return "1_Pooling", True
-        pooling_dir, normalize = "1_Pooling", False
-        for module in read_json(modules_path):
-            kind = str(module.get("type", "")).rsplit(".", 1)[-1]
-            if kind == "Pooling":
-                pooling_dir = module.get("path") or pooling_dir
-            elif kind == "Normalize":
-                normalize = True
-            elif kind != "Transformer":
-                raise ValueError(
-                    f"{self.path}: module {kind!r} in modules.json is not supported; "
-                    "only Transformer, Pooling and Normalize are"
-                )
-        return pooling_dir, normalize
-
-    def _pooling_modes(self, pooling: dict[str, Any]) -> tuple[str, ...]:
-        mode = pooling.get("pooling_mode")
-        if isinstance(mode, str):
-            modes: tuple[str, ...] = (mode,)
-        elif isinstance(mode, list | tuple):
-            modes = tuple(mode)
-        else:
-            modes = tuple(m for key, m in LEGACY_POOLING_FLAGS.items() if pooling.get(key))
-        modes = modes or ("mean",)
-        unsupported = [m for m in modes if m not in POOLING_MODES]
-        if unsupported:
-            raise ValueError(
-                f"{self.path}: pooling {unsupported} is not supported; "
-                f"supported: {', '.join(POOLING_MODES)}"
-            )
-        return modes
 
     @property
     def max_seq_length(self) -> int:
@@ -223,35 +185,15 @@ class SentenceEmbedder:
         """:meth:`_calibration_vectors`, kept in the engine cache beside the decision they
         were computed with (a cached start then runs no calibration batch)."""
         assert self._model is not None
-        folder = self._model.cache_folder
-        if folder is None:
-            return self._calibration_vectors()
-        key = json.dumps(
-            [
-                self._model.decision.to_json()["routes"],
-                type(self._tokenizer).__name__,
-                self.max_seq_length,
-                self._default_prompt,
-                self.include_prompt,
-                CALIBRATION_COUNT,
-            ]
-        )
-        path = folder / "calibration" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.npy"
-        try:
-            vectors: np.ndarray = np.load(path)
-            return vectors
-        except (OSError, ValueError):
-            pass
-        vectors = self._calibration_vectors()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = path.with_suffix(f".{os.getpid()}.tmp")
-            with temporary.open("wb") as handle:
-                np.save(handle, vectors)
-            os.replace(temporary, path)
-        except OSError:
-            pass  # a read-only cache: computed again at the next start
-        return vectors
+        key = [
+            self._model.decision.to_json()["routes"],
+            type(self._tokenizer).__name__,
+            self.max_seq_length,
+            self._default_prompt,
+            self.include_prompt,
+            CALIBRATION_COUNT,
+        ]
+        return kept_calibration(self._model.cache_folder, key, self._calibration_vectors)
 
     def _job(self, measure_apart: Any) -> EngineJob:
         return EngineJob(
@@ -334,7 +276,7 @@ class SentenceEmbedder:
         return self._encode([warmup_text(self.max_seq_length)] * size)
 
     def _view(self, hidden: Any, encoded: Any) -> np.ndarray:
-        return self._vectors(_array(hidden), np.asarray(encoded["attention_mask"]), None)
+        return self.modules.vectors(_array(hidden), np.asarray(encoded["attention_mask"]), None)
 
     def predict(self, inputs: list[Any]) -> Any:
         if self._model is None:
@@ -350,7 +292,7 @@ class SentenceEmbedder:
         lengths = None
         if prompt and not self.include_prompt:
             lengths = self._prompt_lengths_of([prompt] * len(texts))
-        return self._vectors(hidden, np.asarray(encoded["attention_mask"]), lengths)
+        return self.modules.vectors(hidden, np.asarray(encoded["attention_mask"]), lengths)
 
     def _predict_items(self, inputs: list[Any]) -> list[Any]:
         """One output per item, for a batch holding option items (or anything but a str)."""
@@ -360,7 +302,7 @@ class SentenceEmbedder:
             if isinstance(item, str):
                 rows.append((index, EmbedItem(item, prompt=self._default_prompt)))
             elif isinstance(item, EmbedItem):
-                self._check(item)
+                self.modules.check(item, self.name)
                 rows.append((index, item))
             elif isinstance(item, TokenizeItem):
                 outputs[index] = tokenizing.tokenize(self._tokenizer, item, self._lowercase)
@@ -377,25 +319,6 @@ class SentenceEmbedder:
                 outputs[index] = output
         return outputs
 
-    def _check(self, item: EmbedItem) -> None:
-        if item.output not in ("dense", "tokens"):
-            raise UnprocessableInput(
-                f"{self.name} returns dense or tokens outputs, not {item.output}"
-            )
-        if item.output == "tokens" and (item.dimensions is not None or item.encoding != "float"):
-            raise UnprocessableInput(
-                "per-token vectors are float32 of the model's full width: dimensions and "
-                "compact encodings apply to dense vectors only"
-            )
-        if item.encoding not in ENCODINGS:
-            raise UnprocessableInput(
-                f"encoding {item.encoding!r} is not one of {', '.join(ENCODINGS)}"
-            )
-        if item.dimensions is not None and not 0 < item.dimensions <= self.dimension:
-            raise UnprocessableInput(
-                f"dimensions must be between 1 and {self.dimension}, not {item.dimensions}"
-            )
-
     def _embed(self, items: list[EmbedItem]) -> list[Any]:
         assert self._model is not None
         texts = [item.prompt + item.text for item in items]
@@ -403,10 +326,13 @@ class SentenceEmbedder:
         prompts = [item.prompt for item in items]
         needs_lengths = not self.include_prompt or any(item.truncate_left for item in items)
         lengths = self._prompt_lengths_of(prompts) if needs_lengths else None
-        encoded = self._encode_items(items, texts, lengths)
+        left = [item.truncate_left for item in items]
+        encoded = tokenizing.encode_batch(
+            self._tokenizer, texts, left, lengths, self.max_seq_length
+        )
         hidden = _array(self._model(encoded))
         mask = np.asarray(encoded["attention_mask"])
-        pooled = self._vectors(hidden, mask, lengths)
+        pooled = self.modules.vectors(hidden, mask, lengths)
         outputs: list[Any] = []
         for row, item in enumerate(items):
             if item.output == "tokens":
@@ -417,37 +343,6 @@ class SentenceEmbedder:
             else:
                 outputs.append(self._dense(pooled[row], item))
         return outputs
-
-    def _encode_items(
-        self, items: list[EmbedItem], texts: list[str], lengths: np.ndarray | None
-    ) -> Any:
-        """The batch, padded; each text cut at the end it asks for (texts already
-        lower-cased where the model reads them so)."""
-        if not any(item.truncate_left for item in items):
-            return self._tokenizer(
-                texts,
-                padding=True,
-                truncation=True,
-                max_length=self.max_seq_length,
-                return_tensors="np",
-            )
-        tokenizer, limit = self._tokenizer, self.max_seq_length
-        assert lengths is not None
-        rows: list[Any] = [None] * len(items)
-        left = [i for i, item in enumerate(items) if item.truncate_left]
-        right = [i for i, item in enumerate(items) if not item.truncate_left]
-        cut = tokenizing.encode_left(
-            tokenizer, [texts[i] for i in left], [int(lengths[i]) for i in left], limit
-        )
-        for i, row in zip(left, cut, strict=True):
-            rows[i] = row
-        if right:
-            encoded = tokenizer(
-                [texts[i] for i in right], truncation=True, max_length=limit, verbose=False
-            )
-            for n, i in enumerate(right):
-                rows[i] = {key: list(values[n]) for key, values in encoded.items()}
-        return tokenizer.pad(rows, padding=True, return_tensors="np")
 
     def _dense(self, vector: np.ndarray, item: EmbedItem) -> np.ndarray:
         vector = shorten(vector, item.dimensions, self.normalize)
@@ -470,17 +365,6 @@ class SentenceEmbedder:
             text = prompt.lower() if self._lowercase else prompt
             known[prompt] = tokenizing.prompt_length(self._tokenizer, text)
         return np.array([known[prompt] for prompt in prompts], dtype=np.int64)
-
-    def _vectors(
-        self, hidden: np.ndarray, mask: np.ndarray, prompt_lengths: np.ndarray | None
-    ) -> np.ndarray:
-        lengths = None if self.include_prompt else prompt_lengths
-        pooled: np.ndarray = pool(hidden, mask, self.pooling_modes, lengths)
-        if self.normalize:
-            # torch.nn.functional.normalize's rule: divide by the norm, at least 1e-12.
-            norms = np.linalg.norm(pooled, axis=1, keepdims=True)
-            pooled = pooled / np.maximum(norms, np.float32(1e-12))
-        return pooled
 
     def _text(self, item: Any) -> str | None:
         """What ``item`` tokenises to (prompt included), lower-cased as the model reads it."""

@@ -23,9 +23,10 @@ from ._torch import (
     to_numpy,
     warmup_text,
 )
+from .engines.job import EngineJob
 from .engines.options import EngineOptions
 from .engines.plan import EnginePlan
-from .engines.selection import EngineJob, select_engine
+from .engines.selection import select_engine
 from .items import EMBEDDING_KEY, EmbedItem, SparseVector
 from .protocol import warmup_batches
 from .splade import SpladeLayout, read_layout

@@ -11,11 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from batching.errors import UnprocessableInput
 
 from .items import DecodeItem, TokenizeItem, Tokens
 
-__all__ = ["decode", "encode_left", "prompt_length", "tokenize"]
+__all__ = ["decode", "encode_batch", "encode_left", "prompt_length", "tokenize"]
 
 
 def tokenize(tokenizer: Any, item: TokenizeItem, lowercase: bool = False) -> Tokens:
@@ -104,3 +106,35 @@ def encode_left(
             }
         )
     return rows
+
+
+def encode_batch(
+    tokenizer: Any,
+    texts: Sequence[str],
+    left: Sequence[bool],
+    prompts: Sequence[int] | np.ndarray | None,
+    max_length: int,
+) -> Any:
+    """``texts`` as one padded numpy batch, each cut to ``max_length`` tokens at the end it
+    asks for: at its start where ``left[i]`` (keeping its prompt, ``prompts[i]`` tokens, and
+    the special tokens: :func:`encode_left`), else at its end."""
+    if not any(left):
+        return tokenizer(
+            list(texts), padding=True, truncation=True, max_length=max_length, return_tensors="np"
+        )
+    assert prompts is not None
+    rows: list[Any] = [None] * len(texts)
+    lefts = [i for i, cut_left in enumerate(left) if cut_left]
+    rights = [i for i, cut_left in enumerate(left) if not cut_left]
+    cut = encode_left(
+        tokenizer, [texts[i] for i in lefts], [int(prompts[i]) for i in lefts], max_length
+    )
+    for i, row in zip(lefts, cut, strict=True):
+        rows[i] = row
+    if rights:
+        encoded = tokenizer(
+            [texts[i] for i in rights], truncation=True, max_length=max_length, verbose=False
+        )
+        for n, i in enumerate(rights):
+            rows[i] = {key: list(values[n]) for key, values in encoded.items()}
+    return tokenizer.pad(rows, padding=True, return_tensors="np")

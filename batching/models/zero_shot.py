@@ -29,10 +29,11 @@ from ._torch import (
     to_numpy,
     warmup_text,
 )
+from .engines.job import EngineJob
 from .engines.logits import scores
 from .engines.options import EngineOptions
 from .engines.plan import EnginePlan
-from .engines.selection import EngineJob, select_engine
+from .engines.selection import select_engine
 from .nli import (
     DEFAULT_TEMPLATE,
     ZERO_SHOT_PARAMETERS,

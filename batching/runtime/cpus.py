@@ -21,7 +21,7 @@ __all__ = ["INSTANCES_PER_CORE", "CpuBudget", "InstanceBudget", "read_cpu_budget
 
 #: The most model instances (of every model, on every device) per core of the CPU budget.
 #: Beyond one per core each instance gets one torch thread (:func:`torch_threads_for
-#: <batching.settings.cli.torch_threads_for>`); beyond a few they only queue for the cores.
+#: <batching.settings.engines.torch_threads_for>`); beyond a few they only queue for the cores.
 INSTANCES_PER_CORE = 4
 
 

@@ -99,12 +99,21 @@ class Table:
             raise self.error(key, f"must be a number {bound}", value)
         return float(value)
 
-    def string(self, key: str) -> str | None:
+    def string(self, key: str, *, empty: bool = False) -> str | None:
+        """A string (one that may be ``""`` with ``empty``); None when the key is missing."""
         value = self.get(key)
         if value is MISSING:
             return None
-        if not isinstance(value, str) or not value:
-            raise self.error(key, "must be a non-empty string", value)
+        if not isinstance(value, str) or not (value or empty):
+            raise self.error(key, f"must be a{'' if empty else ' non-empty'} string", value)
+        return value
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self.get(key)
+        if value is MISSING:
+            return default
+        if not isinstance(value, bool):
+            raise self.error(key, "must be true or false", value)
         return value
 
     def choice(self, key: str, choices: tuple[str, ...], default: str) -> str:

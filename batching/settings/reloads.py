@@ -10,7 +10,7 @@ A load call's ``config`` overrides the file's settings for that one model
 (:func:`apply_overrides`): the keys of ``docs/model-repository.md`` that say how the model is
 batched and run. What the model *is* (``source``, ``task``) and files (``warmup``, which may
 name one) stay the repository's: no request content is ever opened as a path. The call's
-``config`` is read as a ``config.toml`` table is (:func:`~.repository.model_from_table`), with
+``config`` is read as a ``config.toml`` table is (:func:`~.model_table.model_from_table`), with
 the same bounds: sizes within the core's limits, instances within what the instance budget
 leaves beside the other models.
 """
@@ -29,7 +29,8 @@ from batching.control import ReadRepository, RepositoryEntry
 from batching.errors import InvalidRequest
 from batching.runtime.cpus import InstanceBudget
 
-from .repository import RepositoryError, load_repository, model_from_table
+from .model_table import RepositoryError, model_from_table
+from .repository import load_repository
 
 __all__ = ["OVERRIDE_KEYS", "apply_overrides", "repository_reader", "source_stamp"]
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import psutil
 
-__all__ = ["BUDGET_S", "REPEATS", "cpu_seconds", "items_per_second", "resident_mb"]
+__all__ = ["BUDGET_S", "REPEATS", "cpu_seconds", "grown_mb", "items_per_second", "resident_mb"]
 
 #: Timed runs per batch size, after one untimed run; the median counts.
 REPEATS = 3
@@ -25,6 +25,15 @@ def resident_mb() -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def grown_mb(before: float | None) -> float | None:
+    """How many MB this process's resident memory grew since it was ``before`` MB (at least
+    0); None where it cannot be read."""
+    after = resident_mb()
+    if before is None or after is None:
+        return None
+    return max(0.0, after - before)
 
 
 def cpu_seconds() -> tuple[float, float]:

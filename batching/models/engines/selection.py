@@ -8,8 +8,9 @@ saved in the cache so that the next instance or start-up on this machine reuses 
 measuring again. An engine asked for by name that cannot be exported or fails the check falls
 back to torch fp32, with one log line saying why.
 
-A model that can be rebuilt in another process passes ``measure_apart``: the export, the check
-and the timing (which need torch) then run in a child process that exits
+The variants and their runners are :mod:`.variants`'; measuring them, :mod:`.trials`'. A model
+that can be rebuilt in another process passes ``measure_apart``: the export, the check and the
+timing (which need torch) then run in a child process that exits
 (:mod:`.apart`), and this process builds only the chosen runners from the cache, so a server
 whose engine is not torch never imports torch. Measurements taken while other processes kept
 the cores busy are marked so, and retaken in the background once the server has been idle
@@ -18,112 +19,29 @@ the cores busy are marked so, and retaken in the background once the server has 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from .accuracy import compare
 from .apart import ApartFailed
-from .cache import FUSED, PLAIN, EngineCache, ExportFailed
+from .cache import EngineCache
 from .contention import Contention
-from .decision import REFERENCE, Decision, Measurement, Route, decide, others_cores, variant_name
+from .decision import REFERENCE, Decision, Route
 from .governor import ThreadGovernor, thread_choices
 from .idle import IdleRelease
-from .measure import cpu_seconds, items_per_second, resident_mb
-from .options import ADAPTIVE_THREADS_VARIABLE, EngineOptions, installed, thread_budget
+from .job import EngineJob
+from .options import ADAPTIVE_THREADS_VARIABLE, thread_budget
 from .plan import EnginePlan, Runner
 from .retake import Retaker
 from .shared import shared_runner
+from .trials import measure_and_decide
+from .variants import build_runner, candidates
 
-__all__ = ["EngineJob", "candidates", "measure_engines", "select_engine"]
+__all__ = ["measure_engines", "select_engine"]
 
 logger = logging.getLogger("batching.engines")
-
-#: A variant this many times slower than the fastest so far at batch 1 is not timed further
-#: (bf16 emulated on a CPU without bf16 instructions would take minutes at the batch cap; and
-#: torch, timed last, need not be timed at the batch cap where an engine is twice as fast).
-_TOO_SLOW = 2.0
-#: The order variants are timed in: the usually fastest first, so the slow ones stop early.
-_TIMING_ORDER = {"openvino": 0, "onnxruntime": 1, "torch": 2}
-
-
-@dataclass(frozen=True, slots=True)
-class EngineJob:
-    """What :func:`select_engine` needs of a model, whatever its task.
-
-    :param folder: the model folder (exported, and hashed for the cache key).
-    :param head: what is exported (a key of ``export.HEADS``).
-    :param measure: the accuracy measure (``accuracy.MEASURES``); None: the task has none,
-        and only torch at fp32 can serve it.
-    :param device: "cpu" or "cuda:N".
-    :param input_names: the tokenizer's tensors, in order (the exported graph's inputs).
-    :param load_reference: loads the model in fp32 on ``device``, in eval mode.
-    :param view: what the accuracy check compares, from a runner's output and its batch
-        (pooled vectors, scores, logits at the masks), as a numpy array.
-    :param calibration: the calibration batches, encoded.
-    :param sample: an encoded batch of n warm-up items, for timing.
-    :param reference_mb: the memory the fp32 model took, when it was loaded before the job.
-    :param measure_apart: measures in a child process that exits (``measure_apart(force)``
-        runs :func:`measure_engines` there; ``force`` measures again over a cached decision);
-        None: measured in this process.
-    :param check_tokenizer: in the measuring process, whether the folder's ``tokenizer.json``
-        tokenises as transformers does (None if so, else what differs); kept in the cache.
-    """
-
-    options: EngineOptions
-    folder: Path
-    head: str
-    measure: str | None
-    device: str
-    input_names: tuple[str, ...] | Callable[[], tuple[str, ...]]
-    load_reference: Callable[[], Any]
-    view: Callable[[Any, Any], np.ndarray]
-    calibration: Callable[[], Sequence[Any]]
-    sample: Callable[[int], Any]
-    reference_mb: float | None = None
-    measure_apart: Callable[[bool], None] | None = None
-    check_tokenizer: Callable[[], str | None] | None = None
-
-    def names(self) -> tuple[str, ...]:
-        names = self.input_names
-        return names if isinstance(names, tuple) else names()
-
-
-def candidates(options: EngineOptions, *, gpu: bool, measurable: bool) -> list[tuple[str, str]]:
-    """The (engine, precision) variants the options allow, torch fp32 first when it is one.
-
-    Pure: which engines are installed is asked of :func:`installed`.
-    """
-    if not measurable:
-        return [("torch", "fp32")]
-    engines = ["torch"] if gpu else ["torch", "onnxruntime", "openvino"]
-    if options.engine != "auto":
-        engines = [options.engine]
-    else:
-        engines = [engine for engine in engines if installed(engine)]
-    precisions = {
-        "torch": ["fp32", "bf16", "fp16"] if gpu else ["fp32", "bf16"],
-        "onnxruntime": ["fp32"],
-        "openvino": ["fp32", "bf16"],
-    }
-    found = [
-        (engine, precision)
-        for engine in engines
-        for precision in precisions[engine]
-        if options.precision in ("auto", precision)
-    ]
-    # fp16 only when asked: on a GPU auto weighs bf16 against fp32, as on a CPU.
-    if options.precision == "auto":
-        found = [variant for variant in found if variant[1] != "fp16"]
-    return found
 
 
 def select_engine(job: EngineJob) -> EnginePlan:
@@ -156,7 +74,7 @@ def select_engine(job: EngineJob) -> EnginePlan:
             plan = _reuse(job, cache, setup)
     if plan is None:
         with cache.locked():
-            plan = _reuse(job, cache, setup) or _measure_and_decide(job, cache, variants, setup)
+            plan = _reuse(job, cache, setup) or measure_and_decide(job, cache, variants, setup)
     _adapt_threads(plan, job, cache, plan.runners)
     logger.info(
         "model %s: engine %s%s (%.1fs)",
@@ -186,7 +104,7 @@ def measure_engines(job: EngineJob, force: bool = False) -> None:
     cache, setup = _cache_of(job)
     with cache.locked():
         if force or cache.decision(setup) is None:
-            _measure_and_decide(job, cache, variants, setup)
+            measure_and_decide(job, cache, variants, setup)
 
 
 def _cache_of(job: EngineJob) -> tuple[EngineCache, dict[str, Any]]:
@@ -236,7 +154,7 @@ def _reuse(job: EngineJob, cache: EngineCache, setup: dict[str, Any]) -> EngineP
         runners: dict[str, Runner] = {}
         for route in decision.routes:
             if route.name not in runners:
-                runners[route.name] = _build(job, cache, route.engine, route.precision, None)
+                runners[route.name] = build_runner(job, cache, route.engine, route.precision, None)
     except Exception as exc:  # a cache emptied by hand, a library gone: measure again
         logger.info("model %s: cached engine choice unusable (%s)", job.options.model_name, exc)
         return None
@@ -271,7 +189,7 @@ def _adapt_threads(
                 name,
                 count,
             )
-            return _build(job, cache, route.engine, route.precision, None, threads=count)
+            return build_runner(job, cache, route.engine, route.precision, None, threads=count)
         from . import torch_engine
 
         # torch variants share one model: the thread count is set per call.
@@ -286,239 +204,3 @@ def _adapt_threads(
         job.options.model_name,
         " or ".join(str(count) for count in choices),
     )
-
-
-def _build(
-    job: EngineJob,
-    cache: EngineCache,
-    engine: str,
-    precision: str,
-    reference: Any,
-    *,
-    threads: int | None = None,
-) -> Runner:
-    """One variant's runner; ``reference`` is the loaded fp32 torch model, if it is (a
-    measurement's runners are its own; the others are shared with copies of the model in this
-    process: :mod:`.shared`)."""
-    if reference is None:
-        key = (str(cache.folder), engine, precision, threads or thread_budget(), job.device)
-        return shared_runner(
-            key, lambda: _build_new(job, cache, engine, precision, None, threads=threads)
-        )
-    return _build_new(job, cache, engine, precision, reference, threads=threads)
-
-
-def _build_new(
-    job: EngineJob,
-    cache: EngineCache,
-    engine: str,
-    precision: str,
-    reference: Any,
-    *,
-    threads: int | None = None,
-) -> Runner:
-    if engine == "torch":
-        from . import torch_engine
-
-        return torch_engine.TorchRunner(
-            reference if reference is not None else job.load_reference(), precision
-        )
-    folder = _export(job, cache)
-    threads = threads or thread_budget()
-    if engine == "onnxruntime":
-        from .ort_engine import OnnxRuntimeRunner
-
-        fused = folder / FUSED
-        return OnnxRuntimeRunner(fused if fused.is_file() else folder / PLAIN, threads)
-    if engine == "openvino":
-        from .openvino_engine import OpenVinoRunner
-
-        # One blob cache per precision and thread count: OpenVINO 2026.4 crashed (double
-        # free) compiling bf16 from a folder that held the f32 blob of the same graph.
-        blobs = cache.folder / "openvino" / f"{precision}-{threads}threads"
-        return OpenVinoRunner(folder / PLAIN, precision, threads, blobs)
-    raise ValueError(f"unknown engine {engine!r}")
-
-
-def _export(job: EngineJob, cache: EngineCache) -> Path:
-    def make(out: Path) -> None:
-        from . import export  # torch and transformers: only when exporting
-
-        logger.info(
-            "model %s: exporting %s to ONNX into %s",
-            job.options.model_name,
-            job.folder,
-            cache.folder,
-        )
-        export.export_onnx(job.folder, job.head, job.names(), out)
-
-    folder, _ = cache.export(make)
-    return folder
-
-
-def _measure_and_decide(
-    job: EngineJob, cache: EngineCache, variants: list[tuple[str, str]], setup: dict[str, Any]
-) -> EnginePlan:
-    from . import torch_engine
-
-    options = job.options
-    name = options.model_name
-    sizes = sorted(set(options.batch_sizes))
-    export_error = None
-    if any(engine != "torch" for engine, _ in variants):
-        try:  # first, so that its memory is not counted as any variant's
-            _export(job, cache)
-        except ExportFailed as exc:
-            export_error = f"export failed: {exc}"
-    timing_started, machine_started, own_started = time.monotonic(), *cpu_seconds()
-    before = resident_mb()
-    reference = job.load_reference()
-    reference_mb = job.reference_mb if job.reference_mb is not None else _grown(before)
-    calibration = list(job.calibration())
-    reference_runner = torch_engine.TorchRunner(reference, "fp32")
-    expected = np.concatenate([job.view(reference_runner(batch), batch) for batch in calibration])
-    logger.info(
-        "model %s: checking %s against torch fp32 on %d calibration inputs, then timing "
-        "them at batch sizes %s",
-        name,
-        ", ".join(variant_name(*variant) for variant in variants),
-        len(expected),
-        "/".join(str(size) for size in sizes),
-    )
-    measurements: list[Measurement] = []
-    runners: dict[str, Runner] = {}
-    fastest: tuple[str, float] | None = None  # at the smallest batch size, so far
-    timing_order = sorted(variants, key=lambda v: (_TIMING_ORDER.get(v[0], 9), v[1] != "bf16"))
-    for engine, precision in timing_order:
-        variant = variant_name(engine, precision)
-        if engine != "torch" and export_error is not None:
-            measurements.append(Measurement(engine, precision, error=export_error))
-            continue
-        before = resident_mb()
-        try:
-            if variant == REFERENCE:
-                runner: Runner = reference_runner
-            else:
-                runner = _build(job, cache, engine, precision, reference)
-            # Timed at the smallest size first: a variant over _TOO_SLOW slower there than
-            # one already checked is dropped without its accuracy check (seconds of a fresh
-            # start for a slow variant on long calibration texts).
-            smallest = sizes[0]
-            first_rate = items_per_second(functools.partial(runner, job.sample(smallest)), smallest)
-            too_slow = fastest is not None and first_rate * _TOO_SLOW < fastest[1]
-            if too_slow or variant == REFERENCE:
-                outputs = expected  # not checked, or the reference itself
-            else:
-                outputs = np.concatenate([job.view(runner(batch), batch) for batch in calibration])
-        except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
-            measurements.append(Measurement(engine, precision, error=reason))
-            continue
-        if too_slow:
-            assert fastest is not None
-            measurements.append(
-                Measurement(
-                    engine,
-                    precision,
-                    memory_mb=reference_mb if variant == REFERENCE else _grown(before),
-                    error=f"over {_TOO_SLOW:g}x slower than {fastest[0]} at batch {smallest}",
-                )
-            )
-            logger.info(
-                "model %s: %s %.0f items/s at batch %d, over %gx slower than %s: not checked",
-                name,
-                variant,
-                first_rate,
-                smallest,
-                _TOO_SLOW,
-                fastest[0],
-            )
-            continue
-        assert job.measure is not None
-        accuracy = compare(job.measure, expected, outputs)
-        if not accuracy.ok:
-            measurements.append(
-                Measurement(
-                    engine,
-                    precision,
-                    accuracy=accuracy.figure,
-                    accuracy_ok=False,
-                    accuracy_text=accuracy.text,
-                    error=f"failed the accuracy check: {accuracy.text}",
-                )
-            )
-            continue
-        rates: dict[int, float] = {smallest: first_rate}
-        if fastest is None or first_rate > fastest[1]:
-            fastest = (variant, first_rate)
-        for size in sizes[1:]:
-            batch = job.sample(size)
-            rates[size] = items_per_second(functools.partial(runner, batch), size)
-        memory = reference_mb if variant == REFERENCE else _grown(before)
-        measurements.append(
-            Measurement(
-                engine,
-                precision,
-                items_per_s=rates,
-                accuracy=accuracy.figure,
-                accuracy_text=accuracy.text,
-                memory_mb=memory,
-            )
-        )
-        runners[variant] = runner
-        logger.info(
-            "model %s: %s %s, %s items/s at batch %s, +%s MB",
-            name,
-            variant,
-            accuracy.text,
-            "/".join(f"{rate:.0f}" for rate in rates.values()),
-            "/".join(str(size) for size in rates),
-            "?" if memory is None else f"{memory:.0f}",
-        )
-    measurements.sort(key=lambda m: variants.index((m.engine, m.precision)))
-    machine, own = cpu_seconds()
-    busy = others_cores(
-        machine - machine_started, own - own_started, time.monotonic() - timing_started
-    )
-    decision = dataclasses.replace(_decide(measurements, max(sizes), options), busy_cores=busy)
-    plan = EnginePlan(decision, {**runners, REFERENCE: reference_runner})
-    notes: dict[str, Any] = {"measured_at": time.time()}
-    if job.check_tokenizer is not None:
-        notes["tokenizer_json_differs"] = job.check_tokenizer()
-    plan.notes = notes
-    plan.cache_folder = cache.folder
-    cache.save_decision(setup, {"decision": decision.to_json(), **notes})
-    if decision.busy:
-        logger.info(
-            "model %s: other processes used %.1f cores while the variants were timed: the "
-            "measurements are marked busy",
-            name,
-            busy,
-        )
-    return plan
-
-
-def _decide(measurements: list[Measurement], cap: int, options: EngineOptions) -> Decision:
-    failed = [m for m in measurements if not m.usable]
-    try:
-        decision = decide(measurements, cap)
-    except ValueError:
-        reasons = "; ".join(f"{m.name}: {m.error}" for m in failed) or "nothing measured"
-        # One line: the engine asked for cannot serve, so torch fp32 does.
-        logger.warning("model %s: falling back to torch fp32: %s", options.model_name, reasons)
-        route = Route("torch", "fp32", 1, cap)
-        return Decision((route,), f"fallback: {reasons}", tuple(measurements))
-    if failed:
-        logger.info(
-            "model %s: not used: %s",
-            options.model_name,
-            "; ".join(f"{m.name} ({m.error})" for m in failed),
-        )
-    return decision
-
-
-def _grown(before: float | None) -> float | None:
-    after = resident_mb()
-    if before is None or after is None:
-        return None
-    return max(0.0, after - before)

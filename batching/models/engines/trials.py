@@ -1,0 +1,195 @@
+"""The trials of an engine choice, during a load that finds no decision in the cache: every
+variant the options allow built, checked against torch fp32 on the calibration batches, timed
+at the batch sizes the server runs and its memory noted; then :func:`~.decision.decide` picks,
+and the decision (with what the measuring learnt) is saved in the cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from .accuracy import compare
+from .cache import EngineCache, ExportFailed
+from .decision import REFERENCE, Decision, Measurement, Route, decide, others_cores, variant_name
+from .job import EngineJob
+from .measure import cpu_seconds, grown_mb, items_per_second, resident_mb
+from .options import EngineOptions
+from .plan import EnginePlan, Runner
+from .variants import build_runner, export_folder
+
+__all__ = ["measure_and_decide"]
+
+logger = logging.getLogger("batching.engines")
+
+#: A variant this many times slower than the fastest so far at batch 1 is not timed further
+#: (bf16 emulated on a CPU without bf16 instructions would take minutes at the batch cap; and
+#: torch, timed last, need not be timed at the batch cap where an engine is twice as fast).
+_TOO_SLOW = 2.0
+#: The order variants are timed in: the usually fastest first, so the slow ones stop early.
+_TIMING_ORDER = {"openvino": 0, "onnxruntime": 1, "torch": 2}
+
+
+def measure_and_decide(
+    job: EngineJob, cache: EngineCache, variants: list[tuple[str, str]], setup: dict[str, Any]
+) -> EnginePlan:
+    from . import torch_engine
+
+    options = job.options
+    name = options.model_name
+    sizes = sorted(set(options.batch_sizes))
+    export_error = None
+    if any(engine != "torch" for engine, _ in variants):
+        try:  # first, so that its memory is not counted as any variant's
+            export_folder(job, cache)
+        except ExportFailed as exc:
+            export_error = f"export failed: {exc}"
+    timing_started, machine_started, own_started = time.monotonic(), *cpu_seconds()
+    before = resident_mb()
+    reference = job.load_reference()
+    reference_mb = job.reference_mb if job.reference_mb is not None else grown_mb(before)
+    calibration = list(job.calibration())
+    reference_runner = torch_engine.TorchRunner(reference, "fp32")
+    expected = np.concatenate([job.view(reference_runner(batch), batch) for batch in calibration])
+    logger.info(
+        "model %s: checking %s against torch fp32 on %d calibration inputs, then timing "
+        "them at batch sizes %s",
+        name,
+        ", ".join(variant_name(*variant) for variant in variants),
+        len(expected),
+        "/".join(str(size) for size in sizes),
+    )
+    measurements: list[Measurement] = []
+    runners: dict[str, Runner] = {}
+    fastest: tuple[str, float] | None = None  # at the smallest batch size, so far
+    timing_order = sorted(variants, key=lambda v: (_TIMING_ORDER.get(v[0], 9), v[1] != "bf16"))
+    for engine, precision in timing_order:
+        variant = variant_name(engine, precision)
+        if engine != "torch" and export_error is not None:
+            measurements.append(Measurement(engine, precision, error=export_error))
+            continue
+        before = resident_mb()
+        try:
+            if variant == REFERENCE:
+                runner: Runner = reference_runner
+            else:
+                runner = build_runner(job, cache, engine, precision, reference)
+            # Timed at the smallest size first: a variant over _TOO_SLOW slower there than
+            # one already checked is dropped without its accuracy check (seconds of a fresh
+            # start for a slow variant on long calibration texts).
+            smallest = sizes[0]
+            first_rate = items_per_second(functools.partial(runner, job.sample(smallest)), smallest)
+            too_slow = fastest is not None and first_rate * _TOO_SLOW < fastest[1]
+            if too_slow or variant == REFERENCE:
+                outputs = expected  # not checked, or the reference itself
+            else:
+                outputs = np.concatenate([job.view(runner(batch), batch) for batch in calibration])
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            measurements.append(Measurement(engine, precision, error=reason))
+            continue
+        if too_slow:
+            assert fastest is not None
+            measurements.append(
+                Measurement(
+                    engine,
+                    precision,
+                    memory_mb=reference_mb if variant == REFERENCE else grown_mb(before),
+                    error=f"over {_TOO_SLOW:g}x slower than {fastest[0]} at batch {smallest}",
+                )
+            )
+            logger.info(
+                "model %s: %s %.0f items/s at batch %d, over %gx slower than %s: not checked",
+                name,
+                variant,
+                first_rate,
+                smallest,
+                _TOO_SLOW,
+                fastest[0],
+            )
+            continue
+        assert job.measure is not None
+        accuracy = compare(job.measure, expected, outputs)
+        if not accuracy.ok:
+            measurements.append(
+                Measurement(
+                    engine,
+                    precision,
+                    accuracy=accuracy.figure,
+                    accuracy_ok=False,
+                    accuracy_text=accuracy.text,
+                    error=f"failed the accuracy check: {accuracy.text}",
+                )
+            )
+            continue
+        rates: dict[int, float] = {smallest: first_rate}
+        if fastest is None or first_rate > fastest[1]:
+            fastest = (variant, first_rate)
+        for size in sizes[1:]:
+            batch = job.sample(size)
+            rates[size] = items_per_second(functools.partial(runner, batch), size)
+        memory = reference_mb if variant == REFERENCE else grown_mb(before)
+        measurements.append(
+            Measurement(
+                engine,
+                precision,
+                items_per_s=rates,
+                accuracy=accuracy.figure,
+                accuracy_text=accuracy.text,
+                memory_mb=memory,
+            )
+        )
+        runners[variant] = runner
+        logger.info(
+            "model %s: %s %s, %s items/s at batch %s, +%s MB",
+            name,
+            variant,
+            accuracy.text,
+            "/".join(f"{rate:.0f}" for rate in rates.values()),
+            "/".join(str(size) for size in rates),
+            "?" if memory is None else f"{memory:.0f}",
+        )
+    measurements.sort(key=lambda m: variants.index((m.engine, m.precision)))
+    machine, own = cpu_seconds()
+    busy = others_cores(
+        machine - machine_started, own - own_started, time.monotonic() - timing_started
+    )
+    decision = dataclasses.replace(_decide(measurements, max(sizes), options), busy_cores=busy)
+    plan = EnginePlan(decision, {**runners, REFERENCE: reference_runner})
+    notes: dict[str, Any] = {"measured_at": time.time()}
+    if job.check_tokenizer is not None:
+        notes["tokenizer_json_differs"] = job.check_tokenizer()
+    plan.notes = notes
+    plan.cache_folder = cache.folder
+    cache.save_decision(setup, {"decision": decision.to_json(), **notes})
+    if decision.busy:
+        logger.info(
+            "model %s: other processes used %.1f cores while the variants were timed: the "
+            "measurements are marked busy",
+            name,
+            busy,
+        )
+    return plan
+
+
+def _decide(measurements: list[Measurement], cap: int, options: EngineOptions) -> Decision:
+    failed = [m for m in measurements if not m.usable]
+    try:
+        decision = decide(measurements, cap)
+    except ValueError:
+        reasons = "; ".join(f"{m.name}: {m.error}" for m in failed) or "nothing measured"
+        # One line: the engine asked for cannot serve, so torch fp32 does.
+        logger.warning("model %s: falling back to torch fp32: %s", options.model_name, reasons)
+        route = Route("torch", "fp32", 1, cap)
+        return Decision((route,), f"fallback: {reasons}", tuple(measurements))
+    if failed:
+        logger.info(
+            "model %s: not used: %s",
+            options.model_name,
+            "; ".join(f"{m.name} ({m.error})" for m in failed),
+        )
+    return decision
