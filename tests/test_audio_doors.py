@@ -29,8 +29,8 @@ import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 from batching import BatchingConfig, ModelConfig, create_app
-from batching.models.audio import AudioModel
-from batching.models.waveform import decode, from_samples
+from batching.models.audio.audio import AudioModel
+from batching.models.shared.waveform import decode, from_samples
 from tests.support.asgi import serving
 from tests.support.audio import (
     RATE,

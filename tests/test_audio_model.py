@@ -1,7 +1,8 @@
-"""Audio decoding (batching.models.waveform) and the audio tasks (batching.models.audio) on
-tiny randomly initialised Wav2Vec2 models: answers equal ``transformers.pipeline`` given the
-same decoded samples, batches equal single answers, bad audio is refused with the right
-error, and nothing is ever read from a path or fetched from a URL."""
+"""Audio decoding (batching.models.shared.waveform) and the audio tasks
+(batching.models.audio.audio) on tiny randomly initialised Wav2Vec2 models: answers equal
+``transformers.pipeline`` given the same decoded samples, batches equal single answers, bad
+audio is refused with the right error, and nothing is ever read from a path or fetched from a
+URL."""
 
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ import transformers
 
 from batching.errors import InvalidRequest, PayloadTooLarge
 from batching.models import ModelSource
-from batching.models.audio import AudioModel
+from batching.models.audio.audio import AudioModel
 from batching.models.parameters import TaskItem, check_parameters, declared_parameters
+from batching.models.shared.waveform import check_header, decode, from_samples
 from batching.models.source import ModelSourceError
-from batching.models.waveform import check_header, decode, from_samples
 from batching.settings.cli import parse_settings
 from tests.support.audio import (
     LABELS,

@@ -123,7 +123,7 @@ async def test_a_custom_model_reports_platform_python_unless_it_says_otherwise(
 
 
 def test_the_packaged_models_report_pytorch() -> None:
-    from batching.models.sentence import SentenceEmbedder
+    from batching.models.embedding.sentence import SentenceEmbedder
 
     assert platform_of(SentenceEmbedder.__new__(SentenceEmbedder), {}) == "pytorch"
     assert platform_of(EchoModel(), {}) == "python"

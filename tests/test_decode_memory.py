@@ -24,9 +24,9 @@ import io
 import torch
 import transformers
 from PIL import Image
-from batching.models.image_budget import Resize, plan
-from batching.models.images import image_inputs, resize_of
-from batching.models.imaging import check_image, sample_png
+from batching.models.shared.image_budget import Resize, plan
+from batching.models.images.images import image_inputs, resize_of
+from batching.models.shared.imaging import check_image, sample_png
 from batching.models.media import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_IMAGE_PIXELS
 
 processor = transformers.ViTImageProcessor()
@@ -76,7 +76,7 @@ _AUDIO = """
 import io
 import numpy as np
 import soundfile
-from batching.models.waveform import check_audio, decode, sine_wav
+from batching.models.shared.waveform import check_audio, decode, sine_wav
 
 rate, seconds, channels, form = {rate}, {seconds}, {channels}, "{form}"
 frames = int(rate * seconds)

@@ -19,9 +19,9 @@ from batching.errors import (
     PayloadTooLarge,
     UnprocessableInput,
 )
-from batching.models.causal import TextGenerator
+from batching.models.generation.causal import TextGenerator
+from batching.models.generation.pieces import Joining, Piece, Status
 from batching.models.parameters import TaskItem
-from batching.models.pieces import Joining, Piece, Status
 from batching.runtime.decoding import StepScheduler
 from tests.support.generators import causal_reference, direct, gpt2_folder
 from tests.support.running_batches import (
@@ -399,7 +399,7 @@ def test_a_forward_runs_on_the_governors_threads_and_leaves_the_count_as_it_was(
     import torch
 
     from batching.models.engines.governor import ThreadGovernor
-    from batching.models.running import Threads
+    from batching.models.generation.running import Threads
 
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     monkeypatch.setenv("BATCHING_ADAPTIVE_THREADS", "1")

@@ -16,11 +16,11 @@ import pytest
 
 from batching import create_app
 from batching.config import BatchingConfig, ModelConfig
+from batching.models.embedding.sentence import SentenceEmbedder
 from batching.models.engines import export, trials
 from batching.models.engines.cache import EngineCache
 from batching.models.engines.options import EngineOptions
-from batching.models.pipeline import PipelineModel
-from batching.models.sentence import SentenceEmbedder
+from batching.models.text.pipeline import PipelineModel
 from tests.support.servers import running
 from tests.support.tiny import classifier_folder, encoder_folder, masked_folder, sentence_folder
 

@@ -16,9 +16,9 @@ import pytest
 import transformers
 
 from batching.errors import PayloadTooLarge, UnprocessableInput
-from batching.models.causal import TextGenerator
+from batching.models.generation.causal import TextGenerator
+from batching.models.generation.seq2seq import Seq2SeqGenerator
 from batching.models.parameters import InvalidParameter, TaskItem
-from batching.models.seq2seq import Seq2SeqGenerator
 from batching.models.source import ModelSource
 from batching.models.tasks.table import check_defaults
 from tests.support.generators import (

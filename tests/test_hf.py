@@ -24,9 +24,9 @@ import torch
 import transformers
 
 from batching.models import DEFAULT_MODEL_NAME, Model, ModelSource
-from batching.models._torch import resolve_device
-from batching.models.pipeline import PipelineModel
-from batching.models.sentence import SentenceEmbedder
+from batching.models.embedding.sentence import SentenceEmbedder
+from batching.models.shared._torch import resolve_device
+from batching.models.text.pipeline import PipelineModel
 from tests.support.models import EchoModel
 
 WORDS = [
@@ -424,7 +424,7 @@ def test_build_model_dispatch(folders: dict[str, Path]) -> None:
         ("tests.support.models:NoSuchModel", None, "NoSuchModel"),
         ("no_such_package.sub:Model", None, "no_such_package"),
         ("collections:OrderedDict", None, "predict"),
-        ("batching.models.pipeline:PipelineModel", None, "no arguments"),
+        ("batching.models.text.pipeline:PipelineModel", None, "no arguments"),
         ("./missing/folder", None, "neither"),
         # A hub id's spelling: offline here (HF_HUB_OFFLINE=1), so only the cache is asked.
         ("missing/folder", None, "no local folder of that name, no copy of it"),

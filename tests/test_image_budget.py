@@ -21,12 +21,12 @@ from transformers.image_utils import ChannelDimension, get_image_size_for_max_he
 
 from batching.config import ModelConfig
 from batching.errors import PayloadTooLarge
-from batching.models import image_budget, imaging
-from batching.models.image_budget import Resize, plan
-from batching.models.images import image_inputs, resize_of
-from batching.models.imaging import check_image, decode_image
+from batching.models.images.images import image_inputs, resize_of
 from batching.models.media import DEFAULT_MAX_DECODE_BYTES, MediaLimits, model_limits
-from batching.models.memory_gate import MemoryGate
+from batching.models.shared import image_budget, imaging
+from batching.models.shared.image_budget import Resize, plan
+from batching.models.shared.imaging import check_image, decode_image
+from batching.models.shared.memory_gate import MemoryGate
 from batching.settings.cli import parse_settings
 from batching.settings.reloads import apply_overrides
 from batching.settings.repository import load_repository

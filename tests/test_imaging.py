@@ -22,7 +22,6 @@ from batching.codecs.media import media_body, media_bytes
 from batching.config import ModelConfig
 from batching.errors import InvalidRequest, PayloadTooLarge
 from batching.models import media
-from batching.models.imaging import PILLOW_MAX_PIXELS, check_image, decode_image, sample_png
 from batching.models.media import (
     DEFAULT_MAX_IMAGE_PIXELS,
     MAX_IMAGE_PIXELS_CAP,
@@ -30,6 +29,7 @@ from batching.models.media import (
     check_media,
 )
 from batching.models.parameters import TaskItem
+from batching.models.shared.imaging import PILLOW_MAX_PIXELS, check_image, decode_image, sample_png
 from batching.plane.queueing import check_media_items
 from batching.settings.cli import parse_settings
 from batching.settings.repository import load_repository

@@ -26,7 +26,7 @@ from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from batching import BatchingConfig, ModelBase, ModelConfig, create_app
-from batching.models.imaging import sample_png
+from batching.models.shared.imaging import sample_png
 from tests.support.grpc_door import raw_output, typed_request
 from tests.support.servers import free_port
 from tests.support.threaded import serving_in_thread

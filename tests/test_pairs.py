@@ -21,7 +21,7 @@ from batching.app import default_model_builder
 from batching.codecs.inputs import takes_pairs
 from batching.codecs.openai import OpenAIError
 from batching.codecs.rerank import positive_label, relevance_of
-from batching.models.pipeline import PipelineModel
+from batching.models.text.pipeline import PipelineModel
 from tests.support.models import EchoModel
 from tests.support.threaded import serving_in_thread
 from tests.support.tiny import POSITIONS, classifier_folder, sentence_folder

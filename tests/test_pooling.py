@@ -13,10 +13,10 @@ import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Pooling
 
+from batching.models.embedding.pooling import POOLING_MODES, pool
+from batching.models.embedding.sentence import SentenceEmbedder
 from batching.models.engines.options import EngineOptions
 from batching.models.items import EmbedItem, TokenVectors
-from batching.models.pooling import POOLING_MODES, pool
-from batching.models.sentence import SentenceEmbedder
 from tests.support.tiny import decoder_folder, sentence_folder
 
 TEXTS = [

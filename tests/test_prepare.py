@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
-from batching.models.sentence import SentenceEmbedder
+from batching.models.embedding.sentence import SentenceEmbedder
 from load_test.serverproc import free_port
 from tests.support.tiny import sentence_folder
 

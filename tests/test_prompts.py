@@ -12,9 +12,9 @@ import pytest
 from sentence_transformers import SentenceTransformer
 
 from batching.config import ModelConfig
+from batching.models.embedding.prompts import PromptConfigError, PromptOptions
+from batching.models.embedding.sentence import SentenceEmbedder
 from batching.models.items import EMBEDDING_KEY, EmbedItem, TokenizeItem
-from batching.models.prompts import PromptConfigError, PromptOptions
-from batching.models.sentence import SentenceEmbedder
 from batching.settings.cli import parse_settings
 from batching.settings.repository import RepositoryError, load_repository
 from tests.support.tiny import classifier_folder, masked_folder, sentence_folder

@@ -13,14 +13,14 @@ import pytest
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.util.quantization import quantize_embeddings
 
-from batching.models.items import EMBEDDING_KEY, EmbedItem
-from batching.models.quantize import (
+from batching.models.embedding.quantize import (
     CALIBRATION_COUNT,
     Calibration,
     calibration_sentences,
     quantize,
 )
-from batching.models.sentence import SentenceEmbedder
+from batching.models.embedding.sentence import SentenceEmbedder
+from batching.models.items import EMBEDDING_KEY, EmbedItem
 from tests.support.tiny import sentence_folder
 
 TEXTS = [

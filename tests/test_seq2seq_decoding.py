@@ -15,11 +15,11 @@ import pytest
 import torch
 import transformers
 
-from batching.models.generation import Defaults, Settings
+from batching.models.generation.generation import Defaults, Settings
+from batching.models.generation.running import Prompt
+from batching.models.generation.seq2seq import Seq2SeqGenerator
+from batching.models.generation.seq2seq_decoding import Seq2SeqDecodeBatch, check_decoder
 from batching.models.parameters import TaskItem
-from batching.models.running import Prompt
-from batching.models.seq2seq import Seq2SeqGenerator
-from batching.models.seq2seq_decoding import Seq2SeqDecodeBatch, check_decoder
 from batching.models.source import ModelSource
 from tests.support.generators import bart_folder, seq2seq_reference, t5_folder
 from tests.support.running_batches import (

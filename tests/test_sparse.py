@@ -450,8 +450,8 @@ def test_sparse_sources_are_detected_without_a_task(folders: dict[str, Path]) ->
 def test_the_model_matches_on_any_batch_composition(
     folders: dict[str, Path], reference: SparseEncoder
 ) -> None:
+    from batching.models.embedding.sparse import SparseEmbedder
     from batching.models.items import EmbedItem, SparseVector
-    from batching.models.sparse import SparseEmbedder
 
     model = SparseEmbedder(folders["splade"])
     model.load("cpu")

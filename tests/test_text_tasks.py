@@ -308,7 +308,7 @@ def test_the_v2_metadata_lists_each_task_s_parameters(server: tuple[str, str]) -
 
 def test_items_whose_parameters_change_the_forward_pass_run_apart(folders: dict[str, Path]) -> None:
     from batching.models.parameters import TaskItem
-    from batching.models.pipeline import PipelineModel
+    from batching.models.text.pipeline import PipelineModel
 
     model = PipelineModel("text-classification", folders["classify"])
     model.load("cpu")

@@ -12,8 +12,8 @@ import pytest
 from sentence_transformers import SentenceTransformer
 
 from batching.errors import UnprocessableInput
+from batching.models.embedding.sentence import SentenceEmbedder
 from batching.models.items import DecodeItem, EmbedItem, TokenizeItem, Tokens, TokenVectors
-from batching.models.sentence import SentenceEmbedder
 from tests.support.tiny import ST_MAX_SEQ, decoder_folder, sentence_folder
 
 PROMPTS = {"query": "what is "}

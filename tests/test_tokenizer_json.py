@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import transformers
 
+from batching.models.embedding.sentence import SentenceEmbedder
+from batching.models.embedding.tokenizer_json import JsonTokenizer, matches
 from batching.models.engines.options import EngineOptions
 from batching.models.items import DecodeItem, EmbedItem, TokenizeItem, TokenVectors
-from batching.models.sentence import SentenceEmbedder
-from batching.models.tokenizer_json import JsonTokenizer, matches
 from tests.support.tiny import decoder_folder, sentence_folder
 
 TEXTS = ["the cat sat on the mat", "a dog", "what where who eats fish and sleeps very fast " * 3]

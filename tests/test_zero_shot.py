@@ -16,10 +16,10 @@ from batching import BatchingConfig, ModelConfig
 from batching.errors import InvalidRequest, PayloadTooLarge
 from batching.metrics import Metrics
 from batching.models.engines.options import EngineOptions
-from batching.models.nli import ZERO_SHOT_PARAMETERS, nli_logit_ids
 from batching.models.parameters import TaskItem, check_parameters
 from batching.models.source import ModelSource, ModelSourceError
-from batching.models.zero_shot import ZeroShotModel
+from batching.models.text.nli import ZERO_SHOT_PARAMETERS, nli_logit_ids
+from batching.models.text.zero_shot import ZeroShotModel
 from batching.plane import Caller, DataPlane, Deployments
 from batching.runtime.deployment import Deployment
 from batching.runtime.warmup import WarmupPlan, load_and_warm

@@ -28,7 +28,7 @@ from batching.errors import (
     Overloaded,
     PayloadTooLarge,
 )
-from batching.models.pieces import Answer, Piece, Status
+from batching.models.generation.pieces import Answer, Piece, Status
 from batching.runtime.decoding import StepScheduler, Stream
 
 from .calls import Call

@@ -16,9 +16,9 @@ would overdraw the budget is refused at once, 503 with Retry-After; one larger t
 budget can never run, a 413. At most ``max_batch_size`` sequences run on an instance at once;
 more wait their turn (they hold their reservation).
 
-A stream's life is one value, its :class:`~batching.models.pieces.Status`: waiting, running,
-then finished by its length, a stop string or the end token (the running batch says), or
-cancelled, or an error (this scheduler says). Faults stay per stream: an item that cannot be
+A stream's life is one value, its :class:`~batching.models.generation.pieces.Status`: waiting,
+running, then finished by its length, a stop string or the end token (the running batch says),
+or cancelled, or an error (this scheduler says). Faults stay per stream: an item that cannot be
 prepared (too long with ``truncate: false``, not a text) or whose prefill raises fails that
 stream only (the running batch tries a failed shared prefill one by one). A step raises only
 for what the whole batch shares (the model itself): it fails the streams of that batch, and
@@ -46,7 +46,7 @@ from batching.errors import (
     Overloaded,
     PayloadTooLarge,
 )
-from batching.models.pieces import Joining, Piece, Status
+from batching.models.generation.pieces import Joining, Piece, Status
 
 __all__ = ["RunningBatch", "StepScheduler", "Stream", "run_scheduler"]
 
@@ -59,7 +59,7 @@ CallModel = Callable[[Callable[[Any], T]], Awaitable[T]]
 
 
 class RunningBatch(Protocol):
-    """The model side of the loop (:class:`batching.models.running.RunningBatchBase`)."""
+    """The model side of the loop (:class:`batching.models.generation.running.RunningBatchBase`)."""
 
     def __len__(self) -> int: ...
 
@@ -76,7 +76,7 @@ class RunningBatch(Protocol):
 @dataclass(eq=False)
 class Stream:
     """One request item's sequence as its door sees it: pieces of text as they are
-    generated, and its :class:`~batching.models.pieces.Status`."""
+    generated, and its :class:`~batching.models.generation.pieces.Status`."""
 
     key: int
     item: Any

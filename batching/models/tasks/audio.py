@@ -1,4 +1,4 @@
-"""The audio tasks served by :mod:`batching.models.audio`, known without loading anything:
+"""The audio tasks served by :mod:`batching.models.audio.audio`, known without loading anything:
 the request parameters each declares, the media they take and the limits on it (pure data: no
 torch, no numpy), for the task table, the settings, the doors and the model alike.
 

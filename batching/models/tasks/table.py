@@ -37,12 +37,12 @@ __all__ = [
 ]
 
 #: What serves the text tasks: one transformers pipeline per model.
-PIPELINE = "batching.models.pipeline:PipelineModel"
+PIPELINE = "batching.models.text.pipeline:PipelineModel"
 #: What serves the generating tasks: the model's own generate, batched.
-TEXT_GENERATOR = "batching.models.causal:TextGenerator"
-SEQ2SEQ_GENERATOR = "batching.models.seq2seq:Seq2SeqGenerator"
+TEXT_GENERATOR = "batching.models.generation.causal:TextGenerator"
+SEQ2SEQ_GENERATOR = "batching.models.generation.seq2seq:Seq2SeqGenerator"
 #: What serves the audio tasks: the feature extractor and the model, batched.
-AUDIO = "batching.models.audio:AudioModel"
+AUDIO = "batching.models.audio.audio:AudioModel"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,29 +78,33 @@ class Task:
 
 #: The served tasks, one row each, grouped by family.
 TASKS: dict[str, Task] = {
-    # Text, through one transformers pipeline (batching/models/pipeline.py).
+    # Text, through one transformers pipeline (batching/models/text/pipeline.py).
     "feature-extraction": Task(PIPELINE, "text:FEATURE_EXTRACTION"),
     "fill-mask": Task(PIPELINE, "text:FILL_MASK"),
     "text-classification": Task(PIPELINE, "text:TEXT_CLASSIFICATION"),
     "token-classification": Task(PIPELINE, "text:TOKEN_CLASSIFICATION"),
     # Zero-shot classification: one (text, label) pair per unit of batching.
     "zero-shot-classification": Task(
-        "batching.models.zero_shot:ZeroShotModel", "zero_shot:ZERO_SHOT_CLASSIFICATION"
+        "batching.models.text.zero_shot:ZeroShotModel", "zero_shot:ZERO_SHOT_CLASSIFICATION"
     ),
-    # Generation, through the model's own generate (batching/models/causal.py, seq2seq.py);
+    # Generation, through the model's own generate (models/generation/causal.py, seq2seq.py);
     # translation_<src>_to_<tgt> is translation from one pair the model names.
     "text-generation": Task(TEXT_GENERATOR, "generation:TEXT_GENERATION"),
     "summarization": Task(SEQ2SEQ_GENERATOR, "generation:SUMMARIZATION"),
     "translation": Task(SEQ2SEQ_GENERATOR, "generation:TRANSLATION"),
     "text2text-generation": Task(SEQ2SEQ_GENERATOR, "generation:TEXT2TEXT_GENERATION"),
-    # Images: bytes in, never a path or URL (batching/models/images.py, clip.py).
+    # Images: bytes in, never a path or URL (batching/models/images/images.py, clip.py).
     "image-classification": Task(
-        "batching.models.images:ImageClassifier", "images:IMAGE_CLASSIFICATION", IMAGE_PROCESSOR
+        "batching.models.images.images:ImageClassifier",
+        "images:IMAGE_CLASSIFICATION",
+        IMAGE_PROCESSOR,
     ),
     "image-text-embedding": Task(
-        "batching.models.clip:ImageTextEmbedder", "images:IMAGE_TEXT_EMBEDDING", IMAGE_PROCESSOR
+        "batching.models.images.clip:ImageTextEmbedder",
+        "images:IMAGE_TEXT_EMBEDDING",
+        IMAGE_PROCESSOR,
     ),
-    # Audio, decoded from WAV/FLAC bytes or taken as samples (batching/models/audio.py).
+    # Audio, decoded from WAV/FLAC bytes or taken as samples (batching/models/audio/audio.py).
     "audio-classification": Task(AUDIO, "audio:AUDIO_CLASSIFICATION", FEATURE_EXTRACTOR),
     "automatic-speech-recognition": Task(
         AUDIO, "audio:AUTOMATIC_SPEECH_RECOGNITION", FEATURE_EXTRACTOR

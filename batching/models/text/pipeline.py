@@ -14,7 +14,15 @@ from transformers.pipelines.base import PipelineException
 
 from batching.errors import UnprocessableInput
 
-from ._torch import (
+from ..engines.job import EngineJob
+from ..engines.logits import LogitsModel, mask_logits, scores
+from ..engines.measure import grown_mb, resident_mb
+from ..engines.options import EngineOptions
+from ..engines.plan import EnginePlan
+from ..engines.selection import select_engine
+from ..parameters import PARAMETERS_KEY, Param, TaskItem, group_by_parameters
+from ..protocol import warmup_batches
+from ..shared._torch import (
     WEIGHTS_LOADING,
     calibration_texts,
     encode,
@@ -26,13 +34,9 @@ from ._torch import (
     to_numpy,
     warmup_text,
 )
-from .engines.job import EngineJob
-from .engines.logits import LogitsModel, mask_logits, scores
-from .engines.measure import grown_mb, resident_mb
-from .engines.options import EngineOptions
-from .engines.plan import EnginePlan
-from .engines.selection import select_engine
-from .parameters import PARAMETERS_KEY, Param, TaskItem, group_by_parameters
+from ..shared.texts import DEFAULT_MAX_LENGTH, LazyCounter
+from ..tasks.table import declared as declared_parameters
+from ..tasks.table import resolve_task
 from .pipeline_io import (
     classifiable,
     input_of,
@@ -43,10 +47,6 @@ from .pipeline_io import (
     per_item_postprocess,
     pipeline_value,
 )
-from .protocol import warmup_batches
-from .tasks.table import declared as declared_parameters
-from .tasks.table import resolve_task
-from .texts import DEFAULT_MAX_LENGTH, LazyCounter
 
 __all__ = ["PipelineModel"]
 
@@ -130,7 +130,7 @@ class PipelineModel:
         self._plan: EnginePlan | None = None
         self._tokenizer: Any = None
         self._device = torch.device("cpu")
-        #: The longest text input in tokens (:func:`~.texts.max_length_of`, once loaded).
+        #: The longest text input in tokens (:func:`~..shared.texts.max_length_of`, once loaded).
         self.max_seq_length = DEFAULT_MAX_LENGTH
         self._counter = LazyCounter(self.path)
         config_path = self.path / "config.json"

@@ -12,8 +12,13 @@ import numpy as np
 import torch
 import transformers
 
-from . import tokenizing
-from ._torch import (
+from ..engines.job import EngineJob
+from ..engines.options import EngineOptions
+from ..engines.plan import EnginePlan
+from ..engines.selection import select_engine
+from ..items import EMBEDDING_KEY, EmbedItem, SparseVector
+from ..protocol import warmup_batches
+from ..shared._torch import (
     TokenCounter,
     calibration_texts,
     encode,
@@ -23,14 +28,9 @@ from ._torch import (
     to_numpy,
     warmup_text,
 )
-from .engines.job import EngineJob
-from .engines.options import EngineOptions
-from .engines.plan import EnginePlan
-from .engines.selection import select_engine
-from .items import EMBEDDING_KEY, EmbedItem, SparseVector
-from .protocol import warmup_batches
+from ..shared.texts import LazyCounter
+from . import tokenizing
 from .splade import SpladeLayout, read_layout
-from .texts import LazyCounter
 
 __all__ = ["SparseEmbedder"]
 
@@ -122,7 +122,7 @@ class SparseEmbedder:
 
     def _encode_left(self, texts: Sequence[str], prompts: Sequence[str]) -> Any:
         """Cut at their start, keeping each text's prompt and the special tokens, as the
-        sentence embedder does (:func:`~batching.models.tokenizing.encode_left`)."""
+        sentence embedder does (:func:`~batching.models.embedding.tokenizing.encode_left`)."""
         lengths = [tokenizing.prompt_length(self._tokenizer, prompt) for prompt in prompts]
         rows = tokenizing.encode_left(self._tokenizer, texts, lengths, self.max_seq_length)
         padded = self._tokenizer.pad(rows, padding=True, return_tensors="pt")

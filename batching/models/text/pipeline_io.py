@@ -1,5 +1,5 @@
 """What goes into a transformers pipeline call and what comes out, for the text tasks
-(:mod:`batching.models.pipeline`): an input without its request's parameters, text pairs,
+(:mod:`batching.models.text.pipeline`): an input without its request's parameters, text pairs,
 parameters as the pipeline takes them, each item post-processed with its own parameters in one
 shared call, and the outputs made plain JSON."""
 
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .parameters import TaskItem
+from ..parameters import TaskItem
 
 __all__ = [
     "classifiable",

@@ -1,7 +1,7 @@
 """Image bytes, read with Pillow in-process: their size from the header alone, then decoded.
 
 :func:`check_image` is what the data plane asks of every image item before it is queued
-(:mod:`.media`): the header gives the size without decoding the pixels (Pillow's
+(:mod:`..media`): the header gives the size without decoding the pixels (Pillow's
 ``Image.open`` is lazy), so an image over the pixel limit is refused (413) before any pixel is
 decoded, and Pillow's own decompression-bomb warning is an error here, never a warning in the
 log. The header also gives what decoding and preparing the image will cost in memory
@@ -36,7 +36,7 @@ from .memory_gate import DECODES
 __all__ = ["PILLOW_MAX_PIXELS", "check_image", "decode_image", "image_size", "sample_png"]
 
 #: Pillow's decompression-bomb threshold: it warns above this many pixels and refuses above
-#: twice as many; ``MAX_IMAGE_PIXELS_CAP`` (:mod:`.media`) keeps the server's limit below it.
+#: twice as many; ``MAX_IMAGE_PIXELS_CAP`` (:mod:`..media`) keeps the server's limit below it.
 PILLOW_MAX_PIXELS: int = Image.MAX_IMAGE_PIXELS or 89_478_485
 
 # What Pillow raises for bytes it cannot read, in open (header) or load (pixels).

@@ -4,7 +4,7 @@ feature extractor and the model.
 
 An input is the bytes of a WAV or FLAC file (a string is their base64, never a path or a
 URL), or a row of float samples whose rate the request's ``sampling_rate`` parameter gives
-(a KServe v2 FP32 tensor). :mod:`.waveform` turns it into mono float32 at the feature
+(a KServe v2 FP32 tensor). :mod:`..shared.waveform` turns it into mono float32 at the feature
 extractor's rate, on the instance's thread (never the event loop). The answers are the
 ``transformers.pipeline`` ones for the same samples: ``{"text": ...}`` per input for
 speech recognition, ``[{"score", "label"}, ...]`` (the ``top_k`` best) for classification.
@@ -30,20 +30,11 @@ import transformers
 
 from batching.errors import InvalidRequest
 
-from ._torch import WEIGHTS_LOADING, read_json, resolve_device
-from .engines.options import EngineOptions
-from .parameters import PARAMETERS_KEY, Param, TaskItem
-from .processors import FEATURE_EXTRACTOR, processor_settings
-from .tasks.audio import (
-    ASR,
-    AUDIO_CLASSIFICATION,
-    AUDIO_TASKS,
-    AUTOMATIC_SPEECH_RECOGNITION,
-    CLASSIFY,
-    CONTENT,
-    DEFAULT_MAX_SECONDS,
-)
-from .waveform import (
+from ..engines.options import EngineOptions
+from ..parameters import PARAMETERS_KEY, Param, TaskItem
+from ..processors import FEATURE_EXTRACTOR, processor_settings
+from ..shared._torch import WEIGHTS_LOADING, read_json, resolve_device
+from ..shared.waveform import (
     Waveform,
     audio_bytes,
     check_header,
@@ -51,6 +42,15 @@ from .waveform import (
     from_samples,
     sine,
     sine_wav,
+)
+from ..tasks.audio import (
+    ASR,
+    AUDIO_CLASSIFICATION,
+    AUDIO_TASKS,
+    AUTOMATIC_SPEECH_RECOGNITION,
+    CLASSIFY,
+    CONTENT,
+    DEFAULT_MAX_SECONDS,
 )
 
 __all__ = ["AUDIO_INPUT", "SAMPLES_INPUT", "AudioModel"]

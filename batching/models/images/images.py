@@ -4,12 +4,12 @@ The model's metadata declares its one input as image bytes (``"content": "image"
 door hands it ``bytes`` (a raw ``image/*`` body, base64, KServe v2 BYTES) and the data plane
 has checked each image's size and that it decodes before it is queued
 (:mod:`batching.models.media`). Nothing here opens a path or fetches a URL: the bytes are
-decoded with Pillow (:mod:`.imaging`) and only then given to the pipeline's own steps.
+decoded with Pillow (:mod:`..shared.imaging`) and only then given to the pipeline's own steps.
 
 A batch is decoded and preprocessed one image at a time (the image processor resizes each to
 the model's size, so only one decoded image is held at once), stacked, and run through the
 model in one forward pass. A large image is reduced toward the processor's size as it is
-decoded (:func:`~.imaging.decode_image`, by the rule :func:`resize_of` reads from the
+decoded (:func:`~..shared.imaging.decode_image`, by the rule :func:`resize_of` reads from the
 processor, which the metadata also declares for the data plane's memory estimate), so what
 the processor is handed is never much more than a few times its own output. Each image's
 logits then go through the pipeline's own ``postprocess``, so an answer equals
@@ -27,15 +27,15 @@ from typing import Any
 import torch
 import transformers
 
-from ._torch import WEIGHTS_LOADING, resolve_device
-from .engines.options import EngineOptions
-from .imaging import decode_image, sample_png
-from .media import RESIZE_KEY
-from .parameters import PARAMETERS_KEY, TaskItem
-from .processors import IMAGE_PROCESSOR, missing_processor
-from .protocol import warmup_batches
-from .tasks.images import IMAGE_CLASSIFICATION as PARAMETERS
-from .tasks.images import TOP_K
+from ..engines.options import EngineOptions
+from ..media import RESIZE_KEY
+from ..parameters import PARAMETERS_KEY, TaskItem
+from ..processors import IMAGE_PROCESSOR, missing_processor
+from ..protocol import warmup_batches
+from ..shared._torch import WEIGHTS_LOADING, resolve_device
+from ..shared.imaging import decode_image, sample_png
+from ..tasks.images import IMAGE_CLASSIFICATION as PARAMETERS
+from ..tasks.images import TOP_K
 
 __all__ = ["IMAGE_CLASSIFICATION", "ImageClassifier", "image_inputs", "image_of", "resize_of"]
 
@@ -56,7 +56,7 @@ def image_of(item: Any, name: str = "image") -> bytes:
 
 
 def resize_of(image_processor: Any) -> dict[str, int]:
-    """The image processor's resize rule, as :class:`~.image_budget.Resize` reads it: its
+    """The image processor's resize rule, as :class:`~..shared.image_budget.Resize` reads it: its
     ``size`` (empty when it does not resize) and its centre crop (``crop_height``,
     ``crop_width``), if it crops."""
     rule: dict[str, int] = {}

@@ -19,7 +19,7 @@ filled, stepped, reordered and cut:
   row are cut.
 
 The forwards run on the thread count the thread governor learns for their number of rows
-(:class:`Threads`, :mod:`.engines.governor`), as whole batches do: beside other work a step on
+(:class:`Threads`, :mod:`..engines.governor`), as whole batches do: beside other work a step on
 fewer threads can be many times faster. Everything here runs on the model's instance thread
 (``torch`` releases the GIL); the scheduler that decides who joins and leaves is
 :mod:`batching.runtime.decoding`.
@@ -36,10 +36,10 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from .engines.contention import Contention
-from .engines.cores import CORES
-from .engines.governor import ThreadGovernor, thread_choices
-from .engines.options import ADAPTIVE_THREADS_VARIABLE, thread_budget
+from ..engines.contention import Contention
+from ..engines.cores import CORES
+from ..engines.governor import ThreadGovernor, thread_choices
+from ..engines.options import ADAPTIVE_THREADS_VARIABLE, thread_budget
 from .generation import Settings
 from .pieces import Answer, Joining, Piece, Status
 from .sampling import Sampler, constraints
@@ -87,7 +87,7 @@ class Row:
 
 class Threads:
     """The intra-op threads of the loop's forwards, learnt as the whole batches' are
-    (:mod:`.engines.governor`): a team as large as the budget where the cores are free, fewer
+    (:mod:`..engines.governor`): a team as large as the budget where the cores are free, fewer
     beside other work (there a team of two can run a step ten times as long). Steps and
     prefills learn apart (their costs per token differ), each by its number of rows."""
 

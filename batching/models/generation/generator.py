@@ -27,9 +27,12 @@ from transformers.models.auto.tokenization_auto import AutoTokenizer
 
 from batching.errors import PayloadTooLarge, UnprocessableInput
 
-from ._torch import WEIGHTS_LOADING, TokenCounter, resolve_device, warmup_text
+from ..engines.options import EngineOptions
+from ..parameters import PARAMETERS_KEY, Param, Parameters, TaskItem
+from ..shared._torch import WEIGHTS_LOADING, TokenCounter, resolve_device, warmup_text
+from ..shared.texts import DEFAULT_MAX_LENGTH, LazyCounter
+from ..tasks.generation import CHAT_TEMPLATE_KEY
 from .chat import Chat
-from .engines.options import EngineOptions
 from .generation import (
     MAX_NEW_TOKENS_CAP,
     Defaults,
@@ -39,11 +42,8 @@ from .generation import (
     generation_params,
     input_text,
 )
-from .parameters import PARAMETERS_KEY, Param, Parameters, TaskItem
 from .pieces import Answer
 from .running import Prompt, RunningBatchBase
-from .tasks.generation import CHAT_TEMPLATE_KEY
-from .texts import DEFAULT_MAX_LENGTH, LazyCounter
 
 __all__ = ["Generator", "Prompt"]
 
@@ -99,7 +99,7 @@ class Generator:
         raise NotImplementedError
 
     def input_length(self) -> int:
-        """The longest input in tokens, once loaded (:func:`~.texts.max_length_of`; for a
+        """The longest input in tokens, once loaded (:func:`~..shared.texts.max_length_of`; for a
         decoder, its positions: the input and the new tokens together)."""
         raise NotImplementedError
 

@@ -1,5 +1,5 @@
 """What a SPLADE folder says about its sparse vectors, read without torch: the layout
-:class:`~batching.models.sparse.SparseEmbedder` reproduces, checked at start-up.
+:class:`~batching.models.embedding.sparse.SparseEmbedder` reproduces, checked at start-up.
 
 Two kinds of folder serve sparse vectors:
 

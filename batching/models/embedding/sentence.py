@@ -4,7 +4,7 @@ prompts, every pooling mode, compact encodings, per-token vectors, tokenize and 
 Tokenisation, pooling, normalisation and prompts run in numpy; torch and transformers are
 imported only when torch computes the encoder (``--engine torch``, or the choice of ``auto``)
 or where the folder's ``tokenizer.json`` does not tokenise as transformers does. The engines
-are measured in a child process (:mod:`.engines.apart`), so a server on OpenVINO or ONNX
+are measured in a child process (:mod:`..engines.apart`), so a server on OpenVINO or ONNX
 Runtime never loads torch."""
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from . import tokenizing
-from .default import DEFAULT_MODEL_NAME, default_model_path
-from .engines.apart import run_apart
-from .engines.job import EngineJob
-from .engines.options import EngineOptions
-from .engines.plan import EnginePlan
-from .engines.selection import measure_engines, select_engine
-from .items import (
+from ..default import DEFAULT_MODEL_NAME, default_model_path
+from ..engines.apart import run_apart
+from ..engines.job import EngineJob
+from ..engines.options import EngineOptions
+from ..engines.plan import EnginePlan
+from ..engines.selection import measure_engines, select_engine
+from ..items import (
     EMBEDDING_KEY,
     ENCODINGS,
     DecodeItem,
@@ -31,8 +30,10 @@ from .items import (
     TokenizeItem,
     TokenVectors,
 )
+from ..protocol import warmup_batches
+from ..shared.texts import LazyCounter, TokenCounter, calibration_texts, read_json, warmup_text
+from . import tokenizing
 from .prompts import PromptOptions, read_prompts
-from .protocol import warmup_batches
 from .quantize import (
     CALIBRATION_COUNT,
     Calibration,
@@ -42,7 +43,6 @@ from .quantize import (
     shorten,
 )
 from .sentence_modules import SentenceModules
-from .texts import LazyCounter, TokenCounter, calibration_texts, read_json, warmup_text
 from .tokenizer_json import FILE as TOKENIZER_JSON
 from .tokenizer_json import JsonTokenizer, matches
 
@@ -64,15 +64,15 @@ class SentenceEmbedder:
     mean, cls, max, mean_sqrt_len_tokens, weightedmean, lasttoken; with the tokenizer's
     padding side, left for decoder embedders; prompt tokens left out when the folder says
     ``include_prompt: false``), then L2-normalise when ``modules.json`` lists Normalize
-    (:mod:`batching.models.sentence_modules`, which says what other folders get).
+    (:mod:`batching.models.embedding.sentence_modules`, which says what other folders get).
 
     Prompts come from ``config_sentence_transformers.json``; the effective default (the
     folder's ``default_prompt_name``, unless ``prompt`` overrides it) is prepended to every
     plain ``str`` item, as ``encode`` prepends it. :class:`EmbedItem` items are applied as
     they say (their prompt, never the default; left truncation; per-token vectors;
     ``dimensions``; compact encodings with int8/uint8 ranges calibrated at load, see
-    :mod:`batching.models.quantize`); :class:`TokenizeItem` and :class:`DecodeItem` items are
-    answered by the tokenizer.
+    :mod:`batching.models.embedding.quantize`); :class:`TokenizeItem` and :class:`DecodeItem`
+    items are answered by the tokenizer.
 
     ``predict(list[str])`` returns a float32 array of shape ``(n, dim)``; a batch holding
     other items returns one output per item (a 1-D array, :class:`TokenVectors`,
@@ -156,7 +156,7 @@ class SentenceEmbedder:
     def load(self, device: str) -> None:
         device = device.strip()
         if device != "cpu":
-            from ._torch import resolve_device  # checks the spelling; CUDA needs torch
+            from ..shared._torch import resolve_device  # checks the spelling; CUDA needs torch
 
             self._device = str(resolve_device(device))
         if self._counting.max_length is None:
@@ -253,7 +253,7 @@ class SentenceEmbedder:
     def _load_encoder(self) -> Any:
         import transformers
 
-        from ._torch import load_eval
+        from ..shared._torch import load_eval
 
         return load_eval(transformers.AutoModel, self.path, self._device)
 

@@ -25,12 +25,12 @@ import numpy as np
 import torch
 import transformers
 
-from ._torch import WEIGHTS_LOADING, max_length_of, read_json, resolve_device, to_numpy
-from .engines.options import EngineOptions
+from ..engines.options import EngineOptions
+from ..media import RESIZE_KEY
+from ..parameters import TaskItem
+from ..shared._torch import WEIGHTS_LOADING, max_length_of, read_json, resolve_device, to_numpy
+from ..shared.imaging import sample_png
 from .images import image_inputs, resize_of
-from .imaging import sample_png
-from .media import RESIZE_KEY
-from .parameters import TaskItem
 
 __all__ = ["IMAGE_TEXT_EMBEDDING", "ImageTextEmbedder"]
 
@@ -96,7 +96,7 @@ class ImageTextEmbedder:
         self._tokenizer: Any = None
         self._device = torch.device("cpu")
         #: The longest text in tokens: CLIP's 77 until the tokenizer and the text tower's
-        #: positions say (:func:`~.texts.max_length_of`).
+        #: positions say (:func:`~..shared.texts.max_length_of`).
         self.max_seq_length = 77
         self.width: int | None = self._config.get("projection_dim")
 

@@ -26,13 +26,13 @@ from typing import Any, ClassVar
 
 from transformers.models.auto.modeling_auto import AutoModelForSeq2SeqLM
 
+from ..parameters import Param, TaskItem
+from ..shared.texts import DEFAULT_MAX_LENGTH, max_length_of, position_limit
+from ..tasks.generation import SUMMARIZATION, TEXT2TEXT_GENERATION, TRANSLATION, pair_of
 from .generation import MAX_NEW_TOKENS_CAP, Settings
 from .generator import Generator, Prompt
-from .parameters import Param, TaskItem
 from .pieces import Answer
 from .seq2seq_decoding import Seq2SeqDecodeBatch
-from .tasks.generation import SUMMARIZATION, TEXT2TEXT_GENERATION, TRANSLATION, pair_of
-from .texts import DEFAULT_MAX_LENGTH, max_length_of, position_limit
 
 __all__ = ["Seq2SeqGenerator"]
 

@@ -41,7 +41,7 @@ import soxr
 
 from batching.errors import InvalidRequest, PayloadTooLarge
 
-from .tasks.audio import MAX_RATE, MIN_RATE
+from ..tasks.audio import MAX_RATE, MIN_RATE
 
 __all__ = [
     "BLOCK_BYTES",

@@ -7,7 +7,7 @@ those like any items (token-aware batching counts each pair), :meth:`predict` ru
 through the engine chosen at start-up (as text-classification does: an exported
 sequence-classification head, checked against torch fp32) and returns each pair's
 (contradiction, entailment) logits, and :meth:`join` assembles the pipeline's answer
-(:func:`~batching.models.nli.zero_shot_answer`).
+(:func:`~batching.models.text.nli.zero_shot_answer`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,14 @@ import numpy as np
 import torch
 import transformers
 
-from ._torch import (
+from ..engines.job import EngineJob
+from ..engines.logits import scores
+from ..engines.options import EngineOptions
+from ..engines.plan import EnginePlan
+from ..engines.selection import select_engine
+from ..parameters import PARAMETERS_KEY, InvalidParameter, TaskItem
+from ..protocol import EXPANDS_KEY, warmup_batches
+from ..shared._torch import (
     TokenCounter,
     calibration_texts,
     load_eval,
@@ -29,11 +36,7 @@ from ._torch import (
     to_numpy,
     warmup_text,
 )
-from .engines.job import EngineJob
-from .engines.logits import scores
-from .engines.options import EngineOptions
-from .engines.plan import EnginePlan
-from .engines.selection import select_engine
+from ..shared.texts import LazyCounter
 from .nli import (
     DEFAULT_TEMPLATE,
     ZERO_SHOT_PARAMETERS,
@@ -42,9 +45,6 @@ from .nli import (
     zero_shot_answer,
     zero_shot_request,
 )
-from .parameters import PARAMETERS_KEY, InvalidParameter, TaskItem
-from .protocol import EXPANDS_KEY, warmup_batches
-from .texts import LazyCounter
 
 __all__ = ["ZeroShotModel"]
 

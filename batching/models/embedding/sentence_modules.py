@@ -19,9 +19,9 @@ import numpy as np
 
 from batching.errors import UnprocessableInput
 
-from .items import ENCODINGS, EmbedItem
+from ..items import ENCODINGS, EmbedItem
+from ..shared.texts import read_json
 from .pooling import LEGACY_POOLING_FLAGS, POOLING_MODES, pool
-from .texts import read_json
 
 __all__ = ["SentenceModules"]
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .parameters import InvalidParameter, Param, TaskItem
-from .tasks.zero_shot import DEFAULT_TEMPLATE, ZERO_SHOT_CLASSIFICATION
+from ..parameters import InvalidParameter, Param, TaskItem
+from ..tasks.zero_shot import DEFAULT_TEMPLATE, ZERO_SHOT_CLASSIFICATION
 
 __all__ = [
     "DEFAULT_TEMPLATE",

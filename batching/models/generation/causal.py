@@ -17,13 +17,13 @@ from typing import Any, ClassVar
 
 from transformers.models.auto.modeling_auto import AutoModelForCausalLM
 
+from ..parameters import Param
+from ..shared.texts import max_length_of
+from ..tasks.generation import TEXT_GENERATION
 from .decoding import DecodeBatch, check_cache
 from .generation import MAX_NEW_TOKENS_CAP, Settings, cut_at_stop
 from .generator import Generator, Prompt
-from .parameters import Param
 from .pieces import Answer
-from .tasks.generation import TEXT_GENERATION
-from .texts import max_length_of
 
 __all__ = ["TextGenerator"]
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from .parameters import Param, TaskItem
-from .tasks.generation import MAX_STOP_LENGTH, MAX_STOP_STRINGS
+from ..parameters import Param, TaskItem
+from ..tasks.generation import MAX_STOP_LENGTH, MAX_STOP_STRINGS
 
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",

@@ -15,7 +15,7 @@ import numpy as np
 
 from batching.errors import UnprocessableInput
 
-from .items import DecodeItem, TokenizeItem, Tokens
+from ..items import DecodeItem, TokenizeItem, Tokens
 
 __all__ = ["decode", "encode_batch", "encode_left", "prompt_length", "tokenize"]
 
