@@ -4,7 +4,7 @@ prompts, every pooling mode, compact encodings, per-token vectors, tokenize and 
 Tokenisation, pooling, normalisation and prompts run in numpy; torch and transformers are
 imported only when torch computes the encoder (``--engine torch``, or the choice of ``auto``)
 or where the folder's ``tokenizer.json`` does not tokenise as transformers does. The engines
-are measured in a child process (:mod:`..engines.apart`), so a server on OpenVINO or ONNX
+are measured in a child process (:mod:`..engines.measuring_child`), so a server on OpenVINO or ONNX
 Runtime never loads torch."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from ..default import DEFAULT_MODEL_NAME, default_model_path
-from ..engines.apart import run_apart
 from ..engines.job import EngineJob
+from ..engines.measuring_child import run_apart
 from ..engines.options import EngineOptions
 from ..engines.plan import EnginePlan
 from ..engines.selection import measure_engines, select_engine
@@ -31,7 +31,13 @@ from ..items import (
     TokenVectors,
 )
 from ..protocol import warmup_batches
-from ..shared.texts import LazyCounter, TokenCounter, calibration_texts, read_json, warmup_text
+from ..shared.text_models import (
+    LazyCounter,
+    TokenCounter,
+    calibration_texts,
+    read_json,
+    warmup_text,
+)
 from . import tokenizing
 from .prompts import PromptOptions, read_prompts
 from .quantize import (
@@ -156,7 +162,9 @@ class SentenceEmbedder:
     def load(self, device: str) -> None:
         device = device.strip()
         if device != "cpu":
-            from ..shared._torch import resolve_device  # checks the spelling; CUDA needs torch
+            from ..shared.torch_models import (
+                resolve_device,  # checks the spelling; CUDA needs torch
+            )
 
             self._device = str(resolve_device(device))
         if self._counting.max_length is None:
@@ -253,7 +261,7 @@ class SentenceEmbedder:
     def _load_encoder(self) -> Any:
         import transformers
 
-        from ..shared._torch import load_eval
+        from ..shared.torch_models import load_eval
 
         return load_eval(transformers.AutoModel, self.path, self._device)
 

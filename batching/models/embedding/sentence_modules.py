@@ -20,7 +20,7 @@ import numpy as np
 from batching.errors import UnprocessableInput
 
 from ..items import ENCODINGS, EmbedItem
-from ..shared.texts import read_json
+from ..shared.text_models import read_json
 from .pooling import LEGACY_POOLING_FLAGS, POOLING_MODES, pool
 
 __all__ = ["SentenceModules"]

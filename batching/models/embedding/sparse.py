@@ -18,7 +18,8 @@ from ..engines.plan import EnginePlan
 from ..engines.selection import select_engine
 from ..items import EMBEDDING_KEY, EmbedItem, SparseVector
 from ..protocol import warmup_batches
-from ..shared._torch import (
+from ..shared.text_models import LazyCounter
+from ..shared.torch_models import (
     TokenCounter,
     calibration_texts,
     encode,
@@ -28,7 +29,6 @@ from ..shared._torch import (
     to_numpy,
     warmup_text,
 )
-from ..shared.texts import LazyCounter
 from . import tokenizing
 from .splade import SpladeLayout, read_layout
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from ..shared.texts import NO_LIMIT
+from ..shared.text_models import NO_LIMIT
 
 __all__ = ["FILE", "JsonTokenizer", "matches"]
 

@@ -1,5 +1,5 @@
 """text-generation: a decoder-only model (GPT-2, Llama, Qwen, ...) continuing each prompt,
-token by token in its running batch (:mod:`.decoding`; not the pipeline).
+token by token in its running batch (:mod:`.causal_batch`; not the pipeline).
 
 - A tokenizer without a pad token (GPT-2's own) pads with its end-of-text token (one log
   line at load); prompts are padded on the left when they are prefilled together.
@@ -18,12 +18,12 @@ from typing import Any, ClassVar
 from transformers.models.auto.modeling_auto import AutoModelForCausalLM
 
 from ..parameters import Param
-from ..shared.texts import max_length_of
+from ..shared.text_models import max_length_of
 from ..tasks.generation import TEXT_GENERATION
-from .decoding import DecodeBatch, check_cache
-from .generation import MAX_NEW_TOKENS_CAP, Settings, cut_at_stop
+from .causal_batch import DecodeBatch, check_cache
 from .generator import Generator, Prompt
 from .pieces import Answer
+from .settings import MAX_NEW_TOKENS_CAP, Settings, cut_at_stop
 
 __all__ = ["TextGenerator"]
 

@@ -3,7 +3,7 @@
 
 Every item runs through the model's running batch (:meth:`Generator.decode_batch`,
 :mod:`.running`), token by token: the doors' items through the scheduler
-(:mod:`batching.runtime.decoding`), which joins them as they come; a direct ``predict`` (the
+(:mod:`batching.runtime.scheduler`), which joins them as they come; a direct ``predict`` (the
 warm-up's) with every item joining at once. Each item is prepared first (tokenised, its
 ``truncate`` rule applied: an input the model cannot take fails before any token is
 generated), and answered from its new tokens (:meth:`Generator.answer`).
@@ -29,11 +29,13 @@ from batching.errors import PayloadTooLarge, UnprocessableInput
 
 from ..engines.options import EngineOptions
 from ..parameters import PARAMETERS_KEY, Param, Parameters, TaskItem
-from ..shared._torch import WEIGHTS_LOADING, TokenCounter, resolve_device, warmup_text
-from ..shared.texts import DEFAULT_MAX_LENGTH, LazyCounter
+from ..shared.text_models import DEFAULT_MAX_LENGTH, LazyCounter
+from ..shared.torch_models import WEIGHTS_LOADING, TokenCounter, resolve_device, warmup_text
 from ..tasks.generation import CHAT_TEMPLATE_KEY
 from .chat import Chat
-from .generation import (
+from .pieces import Answer
+from .running import Prompt, RunningBatchBase
+from .settings import (
     MAX_NEW_TOKENS_CAP,
     Defaults,
     Settings,
@@ -42,8 +44,6 @@ from .generation import (
     generation_params,
     input_text,
 )
-from .pieces import Answer
-from .running import Prompt, RunningBatchBase
 
 __all__ = ["Generator", "Prompt"]
 
@@ -99,8 +99,9 @@ class Generator:
         raise NotImplementedError
 
     def input_length(self) -> int:
-        """The longest input in tokens, once loaded (:func:`~..shared.texts.max_length_of`; for a
-        decoder, its positions: the input and the new tokens together)."""
+        """The longest input in tokens, once loaded
+        (:func:`~..shared.text_models.max_length_of`; for a decoder, its positions: the input and
+        the new tokens together)."""
         raise NotImplementedError
 
     def declared(self) -> tuple[Param, ...]:
@@ -173,7 +174,7 @@ class Generator:
 
     def predict(self, inputs: list[Any]) -> list[Any]:
         """Every item through a running batch of its own, all joining at once (the doors'
-        items go through the scheduler instead: :mod:`batching.runtime.decoding`)."""
+        items go through the scheduler instead: :mod:`batching.runtime.scheduler`)."""
         if self._model is None:
             raise RuntimeError(f"{type(self).__name__}.predict called before load()")
         prompts = [self._prepare(index, item) for index, item in enumerate(inputs)]

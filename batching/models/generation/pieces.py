@@ -5,7 +5,7 @@ A sequence is ``WAITING`` until it joins a running batch, ``RUNNING`` while it g
 finished for exactly one reason: its length (``max_new_tokens``), one of its stop strings, the
 model's end token, its client went away (cancelled), or an error (its own input, the model,
 its deadline). The running batch (:mod:`.running`) decides the first three, the scheduler
-(:mod:`batching.runtime.decoding`) the last two. Pure data: no torch.
+(:mod:`batching.runtime.scheduler`) the last two. Pure data: no torch.
 """
 
 from __future__ import annotations

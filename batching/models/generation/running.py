@@ -2,7 +2,7 @@
 token per step, which newcomers join and finished rows leave between any two steps.
 
 :class:`RunningBatchBase` does what both architectures do alike; a causal LM
-(:mod:`.decoding`) and an encoder-decoder (:mod:`.seq2seq_decoding`) say how their cache is
+(:mod:`.causal_batch`) and an encoder-decoder (:mod:`.seq2seq_batch`) say how their cache is
 filled, stepped, reordered and cut:
 
 - **join**: the newcomers of a turn are prepared (tokenised, truncated or refused: each
@@ -22,7 +22,7 @@ The forwards run on the thread count the thread governor learns for their number
 (:class:`Threads`, :mod:`..engines.governor`), as whole batches do: beside other work a step on
 fewer threads can be many times faster. Everything here runs on the model's instance thread
 (``torch`` releases the GIL); the scheduler that decides who joins and leaves is
-:mod:`batching.runtime.decoding`.
+:mod:`batching.runtime.scheduler`.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from ..engines.contention import Contention
 from ..engines.cores import CORES
 from ..engines.governor import ThreadGovernor, thread_choices
 from ..engines.options import ADAPTIVE_THREADS_VARIABLE, thread_budget
-from .generation import Settings
 from .pieces import Answer, Joining, Piece, Status
 from .sampling import Sampler, constraints
+from .settings import Settings
 
 __all__ = ["Prompt", "Row", "RunningBatchBase", "Threads", "held_back", "pad"]
 

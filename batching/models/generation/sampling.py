@@ -34,7 +34,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from .generation import Settings
+from .settings import Settings
 
 __all__ = ["Sampler", "constraints", "token_ids"]
 

@@ -1,6 +1,6 @@
 """summarization, translation and text2text-generation: an encoder-decoder model (T5, BART,
 Marian, ...) answering each text, token by token in its running batch
-(:mod:`.seq2seq_decoding`; transformers 5 removed these pipelines).
+(:mod:`.seq2seq_batch`; transformers 5 removed these pipelines).
 
 - The task's entry in the model's ``config.task_specific_params`` applies as the pipelines
   applied it: its ``prefix`` is put before each text (T5's ``"summarize: "``), its generation
@@ -27,12 +27,12 @@ from typing import Any, ClassVar
 from transformers.models.auto.modeling_auto import AutoModelForSeq2SeqLM
 
 from ..parameters import Param, TaskItem
-from ..shared.texts import DEFAULT_MAX_LENGTH, max_length_of, position_limit
+from ..shared.text_models import DEFAULT_MAX_LENGTH, max_length_of, position_limit
 from ..tasks.generation import SUMMARIZATION, TEXT2TEXT_GENERATION, TRANSLATION, pair_of
-from .generation import MAX_NEW_TOKENS_CAP, Settings
 from .generator import Generator, Prompt
 from .pieces import Answer
-from .seq2seq_decoding import Seq2SeqDecodeBatch
+from .seq2seq_batch import Seq2SeqDecodeBatch
+from .settings import MAX_NEW_TOKENS_CAP, Settings
 
 __all__ = ["Seq2SeqGenerator"]
 

@@ -28,9 +28,15 @@ import transformers
 from ..engines.options import EngineOptions
 from ..media import RESIZE_KEY
 from ..parameters import TaskItem
-from ..shared._torch import WEIGHTS_LOADING, max_length_of, read_json, resolve_device, to_numpy
 from ..shared.imaging import sample_png
-from .images import image_inputs, resize_of
+from ..shared.torch_models import (
+    WEIGHTS_LOADING,
+    max_length_of,
+    read_json,
+    resolve_device,
+    to_numpy,
+)
+from .classifier import image_inputs, resize_of
 
 __all__ = ["IMAGE_TEXT_EMBEDDING", "ImageTextEmbedder"]
 
@@ -96,7 +102,7 @@ class ImageTextEmbedder:
         self._tokenizer: Any = None
         self._device = torch.device("cpu")
         #: The longest text in tokens: CLIP's 77 until the tokenizer and the text tower's
-        #: positions say (:func:`~..shared.texts.max_length_of`).
+        #: positions say (:func:`~..shared.text_models.max_length_of`).
         self.max_seq_length = 77
         self.width: int | None = self._config.get("projection_dim")
 

@@ -1,4 +1,4 @@
-"""The request parameters of the image tasks (:mod:`batching.models.images.images`,
+"""The request parameters of the image tasks (:mod:`batching.models.images.classifier`,
 :mod:`batching.models.images.clip`), under the names the transformers pipeline gives them."""
 
 from __future__ import annotations

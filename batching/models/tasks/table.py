@@ -42,7 +42,7 @@ PIPELINE = "batching.models.text.pipeline:PipelineModel"
 TEXT_GENERATOR = "batching.models.generation.causal:TextGenerator"
 SEQ2SEQ_GENERATOR = "batching.models.generation.seq2seq:Seq2SeqGenerator"
 #: What serves the audio tasks: the feature extractor and the model, batched.
-AUDIO = "batching.models.audio.audio:AudioModel"
+AUDIO = "batching.models.audio.audio_model:AudioModel"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,9 +93,9 @@ TASKS: dict[str, Task] = {
     "summarization": Task(SEQ2SEQ_GENERATOR, "generation:SUMMARIZATION"),
     "translation": Task(SEQ2SEQ_GENERATOR, "generation:TRANSLATION"),
     "text2text-generation": Task(SEQ2SEQ_GENERATOR, "generation:TEXT2TEXT_GENERATION"),
-    # Images: bytes in, never a path or URL (batching/models/images/images.py, clip.py).
+    # Images: bytes in, never a path or URL (batching/models/images/classifier.py, clip.py).
     "image-classification": Task(
-        "batching.models.images.images:ImageClassifier",
+        "batching.models.images.classifier:ImageClassifier",
         "images:IMAGE_CLASSIFICATION",
         IMAGE_PROCESSOR,
     ),
@@ -104,7 +104,7 @@ TASKS: dict[str, Task] = {
         "images:IMAGE_TEXT_EMBEDDING",
         IMAGE_PROCESSOR,
     ),
-    # Audio, decoded from WAV/FLAC bytes or taken as samples (batching/models/audio/audio.py).
+    # Audio, decoded from WAV/FLAC bytes or taken as samples (batching/models/audio/audio_model.py).
     "audio-classification": Task(AUDIO, "audio:AUDIO_CLASSIFICATION", FEATURE_EXTRACTOR),
     "automatic-speech-recognition": Task(
         AUDIO, "audio:AUTOMATIC_SPEECH_RECOGNITION", FEATURE_EXTRACTOR

@@ -22,7 +22,8 @@ from ..engines.plan import EnginePlan
 from ..engines.selection import select_engine
 from ..parameters import PARAMETERS_KEY, Param, TaskItem, group_by_parameters
 from ..protocol import warmup_batches
-from ..shared._torch import (
+from ..shared.text_models import DEFAULT_MAX_LENGTH, LazyCounter
+from ..shared.torch_models import (
     WEIGHTS_LOADING,
     calibration_texts,
     encode,
@@ -34,7 +35,6 @@ from ..shared._torch import (
     to_numpy,
     warmup_text,
 )
-from ..shared.texts import DEFAULT_MAX_LENGTH, LazyCounter
 from ..tasks.table import declared as declared_parameters
 from ..tasks.table import resolve_task
 from .pipeline_io import (
@@ -130,7 +130,8 @@ class PipelineModel:
         self._plan: EnginePlan | None = None
         self._tokenizer: Any = None
         self._device = torch.device("cpu")
-        #: The longest text input in tokens (:func:`~..shared.texts.max_length_of`, once loaded).
+        #: The longest text input in tokens (:func:`~..shared.text_models.max_length_of`, once
+        #: loaded).
         self.max_seq_length = DEFAULT_MAX_LENGTH
         self._counter = LazyCounter(self.path)
         config_path = self.path / "config.json"

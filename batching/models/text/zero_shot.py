@@ -27,7 +27,8 @@ from ..engines.plan import EnginePlan
 from ..engines.selection import select_engine
 from ..parameters import PARAMETERS_KEY, InvalidParameter, TaskItem
 from ..protocol import EXPANDS_KEY, warmup_batches
-from ..shared._torch import (
+from ..shared.text_models import LazyCounter
+from ..shared.torch_models import (
     TokenCounter,
     calibration_texts,
     load_eval,
@@ -36,7 +37,6 @@ from ..shared._torch import (
     to_numpy,
     warmup_text,
 )
-from ..shared.texts import LazyCounter
 from .nli import (
     DEFAULT_TEMPLATE,
     ZERO_SHOT_PARAMETERS,

@@ -29,7 +29,7 @@ import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 from batching import BatchingConfig, ModelConfig, create_app
-from batching.models.audio.audio import AudioModel
+from batching.models.audio.audio_model import AudioModel
 from batching.models.shared.waveform import decode, from_samples
 from tests.support.asgi import serving
 from tests.support.audio import (

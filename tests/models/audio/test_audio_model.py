@@ -1,5 +1,5 @@
 """Audio decoding (batching.models.shared.waveform) and the audio tasks
-(batching.models.audio.audio) on tiny randomly initialised Wav2Vec2 models: answers equal
+(batching.models.audio.audio_model) on tiny randomly initialised Wav2Vec2 models: answers equal
 ``transformers.pipeline`` given the same decoded samples, batches equal single answers, bad
 audio is refused with the right error, and nothing is ever read from a path or fetched from a
 URL."""
@@ -19,7 +19,7 @@ import transformers
 
 from batching.errors import InvalidRequest, PayloadTooLarge
 from batching.models import ModelSource
-from batching.models.audio.audio import AudioModel
+from batching.models.audio.audio_model import AudioModel
 from batching.models.parameters import TaskItem, check_parameters, declared_parameters
 from batching.models.shared.waveform import check_header, decode, from_samples
 from batching.models.source import ModelSourceError

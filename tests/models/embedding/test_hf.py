@@ -25,7 +25,7 @@ import transformers
 
 from batching.models import DEFAULT_MODEL_NAME, Model, ModelSource
 from batching.models.embedding.sentence import SentenceEmbedder
-from batching.models.shared._torch import resolve_device
+from batching.models.shared.torch_models import resolve_device
 from batching.models.text.pipeline import PipelineModel
 from tests.support.models import EchoModel
 

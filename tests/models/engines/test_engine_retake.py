@@ -21,7 +21,7 @@ from batching.models.engines.decision import (
 from batching.models.engines.governor import ThreadGovernor
 from batching.models.engines.idle import IdleRelease
 from batching.models.engines.plan import EnginePlan
-from batching.models.engines.retake import Retaker
+from batching.models.engines.remeasure import Retaker
 
 
 def measured(openvino: float, torch: float) -> list[Measurement]:

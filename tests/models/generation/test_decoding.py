@@ -22,7 +22,7 @@ from batching.errors import (
 from batching.models.generation.causal import TextGenerator
 from batching.models.generation.pieces import Joining, Piece, Status
 from batching.models.parameters import TaskItem
-from batching.runtime.decoding import StepScheduler
+from batching.runtime.scheduler import StepScheduler
 from tests.support.generators import causal_reference, direct, gpt2_folder
 from tests.support.running_batches import (
     check_company_free,

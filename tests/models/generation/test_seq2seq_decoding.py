@@ -15,10 +15,10 @@ import pytest
 import torch
 import transformers
 
-from batching.models.generation.generation import Defaults, Settings
 from batching.models.generation.running import Prompt
 from batching.models.generation.seq2seq import Seq2SeqGenerator
-from batching.models.generation.seq2seq_decoding import Seq2SeqDecodeBatch, check_decoder
+from batching.models.generation.seq2seq_batch import Seq2SeqDecodeBatch, check_decoder
+from batching.models.generation.settings import Defaults, Settings
 from batching.models.parameters import TaskItem
 from batching.models.source import ModelSource
 from tests.support.generators import bart_folder, seq2seq_reference, t5_folder

@@ -27,8 +27,8 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from batching import BatchingConfig, ModelConfig, create_app
+from batching.models.images.classifier import ImageClassifier
 from batching.models.images.clip import ImageTextEmbedder
-from batching.models.images.images import ImageClassifier
 from batching.models.parameters import TaskItem
 from batching.runtime.warmup import load_and_warm
 from tests.support.metrics import sample

@@ -25,7 +25,7 @@ import torch
 import transformers
 from PIL import Image
 from batching.models.shared.image_budget import Resize, plan
-from batching.models.images.images import image_inputs, resize_of
+from batching.models.images.classifier import image_inputs, resize_of
 from batching.models.shared.imaging import check_image, sample_png
 from batching.models.media import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_IMAGE_PIXELS
 

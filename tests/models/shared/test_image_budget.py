@@ -21,7 +21,7 @@ from transformers.image_utils import ChannelDimension, get_image_size_for_max_he
 
 from batching.config import ModelConfig
 from batching.errors import PayloadTooLarge
-from batching.models.images.images import image_inputs, resize_of
+from batching.models.images.classifier import image_inputs, resize_of
 from batching.models.media import DEFAULT_MAX_DECODE_BYTES, MediaLimits, model_limits
 from batching.models.shared import image_budget, imaging
 from batching.models.shared.image_budget import Resize, plan

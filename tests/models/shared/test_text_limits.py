@@ -23,7 +23,7 @@ import torch
 import transformers
 
 from batching import ModelConfig, create_app
-from batching.models.shared.texts import DEFAULT_MAX_LENGTH, max_length_of, position_limit
+from batching.models.shared.text_models import DEFAULT_MAX_LENGTH, max_length_of, position_limit
 from tests.support.asgi import serving
 from tests.support.generators import GPT2_POSITIONS, bart_folder, gpt2_folder
 from tests.support.tiny import (

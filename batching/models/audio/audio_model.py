@@ -33,7 +33,7 @@ from batching.errors import InvalidRequest
 from ..engines.options import EngineOptions
 from ..parameters import PARAMETERS_KEY, Param, TaskItem
 from ..processors import FEATURE_EXTRACTOR, processor_settings
-from ..shared._torch import WEIGHTS_LOADING, read_json, resolve_device
+from ..shared.torch_models import WEIGHTS_LOADING, read_json, resolve_device
 from ..shared.waveform import (
     Waveform,
     audio_bytes,

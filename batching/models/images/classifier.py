@@ -32,8 +32,8 @@ from ..media import RESIZE_KEY
 from ..parameters import PARAMETERS_KEY, TaskItem
 from ..processors import IMAGE_PROCESSOR, missing_processor
 from ..protocol import warmup_batches
-from ..shared._torch import WEIGHTS_LOADING, resolve_device
 from ..shared.imaging import decode_image, sample_png
+from ..shared.torch_models import WEIGHTS_LOADING, resolve_device
 from ..tasks.images import IMAGE_CLASSIFICATION as PARAMETERS
 from ..tasks.images import TOP_K
 

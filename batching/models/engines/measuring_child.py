@@ -3,8 +3,8 @@ the engine variants (``select_engine``'s measurements), so that a server whose c
 is not torch never imports torch or transformers, nor keeps their memory.
 
 The parent pickles a callable (a model not yet loaded, and what to do with it) to a fresh
-``python -m batching.models.engines.apart`` on its standard input, and waits. The child logs
-through the parent's formatter to the same standard error (progress shows in the server's
+``python -m batching.models.engines.measuring_child`` on its standard input, and waits. The
+child logs through the parent's formatter to the same standard error (progress shows in the server's
 log) and leaves its results in the engine cache. A process that may not have children (a
 daemonic instance process) runs the work itself.
 """
@@ -55,7 +55,7 @@ def run_apart(work: Callable[[], Any]) -> None:
     payload = pickle.dumps((work, *_log_setup()))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     child = subprocess.run(
-        [sys.executable, "-m", "batching.models.engines.apart"],
+        [sys.executable, "-m", "batching.models.engines.measuring_child"],
         input=payload,
         # Its stdout to stderr as well: a process instance's stdout carries its replies.
         stdout=2,

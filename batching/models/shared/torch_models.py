@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .texts import (
+from .text_models import (
     TokenCounter,
     calibration_texts,
     max_length_of,

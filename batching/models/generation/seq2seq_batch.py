@@ -1,6 +1,6 @@
 """The running batch of an encoder-decoder (summarization, translation, text2text-generation):
 the caches of the rows that :class:`~.running.RunningBatchBase` joins, steps and lets leave,
-as :mod:`.decoding` holds a causal LM's. transformers' own ``EncoderDecoderCache`` holds them:
+as :mod:`.causal_batch` holds a causal LM's. transformers' own ``EncoderDecoderCache`` holds them:
 
 - **join**: the newcomers of a turn are encoded together, right-padded to the longest input
   under an encoder attention mask (each row's encoder output is what it is alone), and their
@@ -35,7 +35,7 @@ from torch import nn
 from transformers import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
-from .decoding import cache_layers, check_cache
+from .causal_batch import cache_layers, check_cache
 from .pieces import Answer
 from .running import Prompt, Row, RunningBatchBase, pad
 from .sampling import token_ids
