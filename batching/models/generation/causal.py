@@ -21,7 +21,7 @@ from ..parameters import Param
 from ..shared.text_models import max_length_of
 from ..tasks.generation import TEXT_GENERATION
 from .causal_batch import DecodeBatch, check_cache
-from .generator import Generator, Prompt
+from .generator import GenerationModel, Prompt
 from .pieces import Answer
 from .settings import MAX_NEW_TOKENS_CAP, Settings, cut_at_stop
 
@@ -30,7 +30,7 @@ __all__ = ["TextGenerator"]
 logger = logging.getLogger("batching")
 
 
-class TextGenerator(Generator):
+class TextGenerator(GenerationModel):
     """text-generation from a local decoder-only model folder."""
 
     auto_class: ClassVar[Any] = AutoModelForCausalLM

@@ -1,12 +1,12 @@
 """A model that answers each text with generated text: what the decoder-only
 (:mod:`.causal`) and the encoder-decoder (:mod:`.seq2seq`) generators share.
 
-Every item runs through the model's running batch (:meth:`Generator.decode_batch`,
+Every item runs through the model's running batch (:meth:`GenerationModel.decode_batch`,
 :mod:`.running`), token by token: the doors' items through the scheduler
 (:mod:`batching.runtime.scheduler`), which joins them as they come; a direct ``predict`` (the
 warm-up's) with every item joining at once. Each item is prepared first (tokenised, its
 ``truncate`` rule applied: an input the model cannot take fails before any token is
-generated), and answered from its new tokens (:meth:`Generator.answer`).
+generated), and answered from its new tokens (:meth:`GenerationModel.answer`).
 """
 
 from __future__ import annotations
@@ -45,12 +45,12 @@ from .settings import (
     input_text,
 )
 
-__all__ = ["Generator", "Prompt"]
+__all__ = ["GenerationModel", "Prompt"]
 
 logger = logging.getLogger("batching")
 
 
-class Generator:
+class GenerationModel:
     """The shared part of a generating task's model; subclasses say how a text becomes token
     ids, how a group is batched, and what the answer says.
 

@@ -29,7 +29,7 @@ from transformers.models.auto.modeling_auto import AutoModelForSeq2SeqLM
 from ..parameters import Param, TaskItem
 from ..shared.text_models import DEFAULT_MAX_LENGTH, max_length_of, position_limit
 from ..tasks.generation import SUMMARIZATION, TEXT2TEXT_GENERATION, TRANSLATION, pair_of
-from .generator import Generator, Prompt
+from .generator import GenerationModel, Prompt
 from .pieces import Answer
 from .seq2seq_batch import Seq2SeqDecodeBatch
 from .settings import MAX_NEW_TOKENS_CAP, Settings
@@ -48,7 +48,7 @@ _LIBRARY_MAX_LENGTH = 20
 _NOT_GENERATION = frozenset({"prefix", "max_length"})
 
 
-class Seq2SeqGenerator(Generator):
+class Seq2SeqGenerator(GenerationModel):
     """An encoder-decoder task from a local model folder."""
 
     auto_class: ClassVar[Any] = AutoModelForSeq2SeqLM
