@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from batching.core.config import POLICIES, BatchingConfig
+from batching.models.embedding.prompts import PromptOptions
 from batching.models.engines.options import (
     ENGINES,
     PRECISIONS,
@@ -19,7 +20,6 @@ from batching.models.media import (
     MediaLimits,
 )
 from batching.models.parameters import InvalidParameter, Parameters
-from batching.models.prompts import PromptOptions
 from batching.models.source import ModelSource
 from batching.models.tasks.audio import DEFAULT_MAX_SECONDS
 from batching.models.tasks.generation import streams

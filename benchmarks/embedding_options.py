@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 from batching.codecs.embed_options import encode_vector  # noqa: E402
 from batching.codecs.plain import encode_embeddings  # noqa: E402
 from batching.models.default import default_model_path  # noqa: E402
-from batching.models.quantize import quantize  # noqa: E402
+from batching.models.embedding.quantize import quantize  # noqa: E402
 from load_test.client import LoadSpec, Target, run_load  # noqa: E402
 from load_test.payloads import Payload, PayloadSet, make_sentence  # noqa: E402
 from load_test.serverproc import ServerProcess  # noqa: E402

@@ -52,7 +52,7 @@ INSTANT_MODEL = "tests.support.embedder:OptionEmbedder"
 #: The engine step alone, in a child process: the default model on the engine auto chose.
 ENGINE_SCRIPT = """
 import json, sys, time
-from batching.models.sentence import SentenceEmbedder
+from batching.models.embedding.sentence import SentenceEmbedder
 from batching.models.engines.options import EngineOptions
 from benchmarks.serving import sentences
 model = SentenceEmbedder(engine=EngineOptions(model_name="all-MiniLM-L6-v2"))

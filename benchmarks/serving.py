@@ -123,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import torch
 
-    from batching.models.sentence import SentenceEmbedder
+    from batching.models.embedding.sentence import SentenceEmbedder
 
     texts = sentences(600)
     model = SentenceEmbedder()

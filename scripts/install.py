@@ -5,8 +5,8 @@
     python scripts/install.py --dry-run    # say what would be installed, install nothing
 
 ``test`` installs what ``python -m pytest`` needs on a fresh machine: the ``test`` extra (which
-includes Ray Serve, for tests/test_ray.py and for mypy's check of batching/ray.py), Triton's
-perf_analyzer (scripts/install-perf-analyzer.sh, unless it already runs), and HAProxy and
+includes Ray Serve, for tests/deployment/test_ray.py and for mypy's check of batching/ray.py),
+Triton's perf_analyzer (scripts/install-perf-analyzer.sh, unless it already runs), and HAProxy and
 Prometheus from the system's packages (apt-get as root, or with ``sudo -n``), each only when
 missing. Where the machine does not allow a system install (not root, no password-less sudo,
 no apt-get), one line says what to install by hand, and the rest goes on.
@@ -89,7 +89,8 @@ def index_answers(url: str, timeout_s: float) -> tuple[bool, str]:
         return False, f"{type(reason).__name__}: {reason}"
 
 
-#: System packages the tests run (tests/test_fleet.py: haproxy; tests/test_promql.py: prometheus).
+#: System packages the tests run (tests/deployment/test_fleet.py: haproxy;
+#: tests/deployment/test_promql.py: prometheus).
 SYSTEM_TOOLS = ("haproxy", "prometheus")
 PERF_ANALYZER = ROOT / "scripts" / "perf_analyzer"
 
@@ -136,8 +137,8 @@ def tool_steps(
     if apt is None:
         notes.append(
             f"{' and '.join(missing)} not installed, and there is no apt-get here: install "
-            "them with the system's package manager (tests/test_fleet.py and "
-            "tests/test_promql.py run them)"
+            "them with the system's package manager (tests/deployment/test_fleet.py and "
+            "tests/deployment/test_promql.py run them)"
         )
         return commands, notes
     prefix = [] if root else ["sudo", "-n"] if sudo() else None
@@ -145,7 +146,8 @@ def tool_steps(
         notes.append(
             f"{' and '.join(missing)} not installed, and this user cannot install system "
             f"packages (not root, sudo -n asks for a password): run 'sudo apt-get install "
-            f"{' '.join(missing)}' (tests/test_fleet.py and tests/test_promql.py run them)"
+            f"{' '.join(missing)}' (tests/deployment/test_fleet.py and "
+            f"tests/deployment/test_promql.py run them)"
         )
         return commands, notes
     commands.append([*prefix, apt, "update", "-qq"])

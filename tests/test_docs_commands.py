@@ -120,8 +120,9 @@ RULES: tuple[Rule, ...] = (
     Rule(
         r"python server\.py --model (BAAI|openai-community|distilbert)/",
         "skip",
-        "a model of the Hugging Face Hub, which these tests never reach: tests/test_hub_models.py "
-        "serves a hub id from a local stand-in for the hub's download API",
+        "a model of the Hugging Face Hub, which these tests never reach: "
+        "tests/models/test_hub_models.py serves a hub id from a local stand-in for the hub's "
+        "download API",
     ),
     Rule(
         r"hf download BAAI/bge-small-en-v1\.5 --local-dir \./bge-small-en-v1\.5$",
@@ -131,8 +132,8 @@ RULES: tuple[Rule, ...] = (
     Rule(
         r"python server\.py --model \./bge-small-en-v1\.5$",
         "skip",
-        "serves the folder the hf download above fetches; tests/test_hub_models.py serves one "
-        "from the Hugging Face cache",
+        "serves the folder the hf download above fetches; tests/models/test_hub_models.py serves "
+        "one from the Hugging Face cache",
     ),
     Rule(
         r"python scripts/install\.py test && python -m pytest$",
@@ -154,7 +155,8 @@ RULES: tuple[Rule, ...] = (
             pattern,
             "skip",
             "README's speech example needs a real speech model and a recording: "
-            "tests/test_audio_doors.py serves tiny ones and sends WAV bodies on every door",
+            "tests/models/audio/test_audio_doors.py serves tiny ones and sends WAV bodies on "
+            "every door",
         )
         for pattern in (
             r"python server\.py --model \./wav2vec2-base-960h ",
@@ -165,20 +167,22 @@ RULES: tuple[Rule, ...] = (
         r"curl .*/v2/repository/models/",
         "skip",
         "load and unload answer 400 on the docs' server (--model-control-mode none); "
-        "tests/test_model_control_server.py loads, reloads and unloads with tritonclient over "
-        "HTTP and gRPC, tests/test_model_control.py with these routes",
+        "tests/control/test_model_control_server.py loads, reloads and unloads with tritonclient "
+        "over HTTP and gRPC, tests/control/test_model_control.py with these routes",
     ),
     Rule(
         r"curl -s 127\.0\.0\.1:8000/models/my-",
         "skip",
         "README's task examples ask models the quick start does not serve: "
-        "tests/test_text_tasks.py sends each of these bodies to a served model of its task",
+        "tests/models/text/test_text_tasks.py sends each of these bodies to a served model of "
+        "its task",
     ),
     Rule(
         r"curl -sN? 127\.0\.0\.1:8000/(v1/(chat/)?completions|v2/models/my-gpt2/generate)",
         "skip",
         "README's streaming examples ask generating models the quick start does not serve: "
-        "tests/test_streaming_doors.py and tests/test_seq2seq_streaming.py send these bodies "
+        "tests/models/generation/test_streaming_doors.py and "
+        "tests/models/generation/test_seq2seq_streaming.py send these bodies "
         "to served ones",
     ),
     Rule(r"curl ", "client"),
@@ -188,8 +192,8 @@ RULES: tuple[Rule, ...] = (
     Rule(
         r"python server\.py --api-key-file api-keys --metrics-port 9090$",
         "flags",
-        "the generic server check sends no key; tests/test_auth_server.py serves with keys "
-        "and --metrics-port, and calls it with curl, tritonclient and the openai SDK",
+        "the generic server check sends no key; tests/deployment/test_auth_server.py serves with "
+        "keys and --metrics-port, and calls it with curl, tritonclient and the openai SDK",
     ),
     Rule(r"[A-Z_]+=\S+$", "env"),
     Rule(r"bash scripts/install-perf-analyzer\.sh", "setup"),
@@ -274,7 +278,8 @@ RULES: tuple[Rule, ...] = (
         r"python -m load_test run --url http://127\.0\.0\.1:8000 --api openai-completions ",
         "flags",
         "a load on a text-generation model the quick start does not serve: "
-        "tests/test_streaming_doors.py runs the tool's streamed generation against one",
+        "tests/models/generation/test_streaming_doors.py runs the tool's streamed generation "
+        "against one",
     ),
     Rule(
         r"sudo apt-get install -y haproxy",
@@ -290,22 +295,22 @@ RULES: tuple[Rule, ...] = (
     Rule(
         r"kubectl apply ",
         "skip",
-        "no Kubernetes cluster here; tests/test_kubernetes.py validates the manifests",
+        "no Kubernetes cluster here; tests/deployment/test_kubernetes.py validates the manifests",
     ),
-    Rule(r"docker build ", "skip", "no container engine here; tests/test_dockerfile.py"),
+    Rule(r"docker build ", "skip", "no container engine here; tests/deployment/test_dockerfile.py"),
     # docs/tracing.md and README, "Traces": a server that sends traces to a collector (none
     # listens here: it must still serve, and stop without waiting for one).
     Rule(
         r"docker run --rm -p 16686:16686 -p 4317:4317 -p 4318:4318 jaegertracing",
         "skip",
-        "no container engine here; tests/test_tracing.py exports to OTLP receivers it runs",
+        "no container engine here; tests/tracing/test_tracing.py exports to OTLP receivers it runs",
     ),
     Rule(r"python server\.py --otlp-endpoint \S+( --trace-rate [0-9.]+)?$", "server"),
     Rule(
         r"python scripts/install\.py ray$|serve run batching\.ray:build_app",
         "skip",
         "serve run starts Ray's proxy on port 8000 of every interface (Ray 2.60: no flag or "
-        "variable moves it) and tests bind 127.0.0.1 only; tests/test_ray.py serves "
+        "variable moves it) and tests bind 127.0.0.1 only; tests/deployment/test_ray.py serves "
         "batching.ray:build_app on a local Ray cluster with the proxy on 127.0.0.1",
     ),
 )
@@ -812,7 +817,8 @@ def run_server(command: Command, rule: Rule, workspace: Workspace) -> None:
         server_answers(command, http)
     finally:
         code = stop(process, log)
-    # uvicorn ends a graceful shutdown by raising the signal again (as tests/test_shutdown.py)
+    # uvicorn ends a graceful shutdown by raising the signal again (as
+    # tests/deployment/test_shutdown.py)
     assert code in (0, -signal.SIGTERM), f"{command.where}: exit {code} on SIGTERM:\n{tail(log)}"
 
 

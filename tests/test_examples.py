@@ -2,7 +2,7 @@
 as written against a real server: ``python server.py`` for the clients (openai SDK, tritonclient
 over HTTP and gRPC, API keys, model control), a served GPT-2 for streaming, and uvicorn for the
 apps (FastAPI host, tracing). The custom model class, examples/mypackage, is served by
-tests/test_custom_model.py; the load test's commands by tests/test_docs_commands.py."""
+tests/models/test_custom_model.py; the load test's commands by tests/test_docs_commands.py."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from batching.errors import InvalidRequest
-from batching.models.chat import Chat
+from batching.models.generation.chat import Chat
 
 __all__ = [
     "CompletionRequest",

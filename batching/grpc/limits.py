@@ -1,7 +1,7 @@
 """What the gRPC door bounds, and the grpc-core options that bound it: the same limits as HTTP's.
 
 grpc-core enforces each of these itself, in C, before a call reaches Python (measured with
-grpcio 1.85; ``tests/test_grpc_limits.py`` checks every one against a real server):
+grpcio 1.85; ``tests/grpc/test_grpc_limits.py`` checks every one against a real server):
 
 - ``grpc.max_receive_message_length`` (``--max-body-bytes``): a larger message is refused with
   ``RESOURCE_EXHAUSTED`` from its 5-byte length prefix, before it is buffered; a compressed one

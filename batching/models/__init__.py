@@ -1,6 +1,8 @@
 """Models: the contract every model meets (:mod:`.protocol`), where a model comes from
-(:mod:`.source`), and the transformers-backed models (:mod:`.sentence`, :mod:`.pipeline`),
-the only modules that import torch.
+(:mod:`.source`), the items, parameters and media checks the data plane reads, and the model
+families beside them (:mod:`.embedding`, :mod:`.text`, :mod:`.generation`, :mod:`.images`,
+:mod:`.audio`; what two of them share in :mod:`.shared`), the only modules that import torch.
+A family never imports another family.
 
 Importing this package imports no torch.
 """

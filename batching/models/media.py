@@ -8,7 +8,7 @@ reaches, or fails, a batch. A kind with no check passes as it is.
 
 "Too large" is by two measures for an image: its pixels (``--max-image-pixels``) and what
 decoding it and preparing it for the model would take in memory (``--max-decode-bytes``),
-both read from its header (:mod:`.image_budget`). The second needs the model's image
+both read from its header (:mod:`.shared.image_budget`). The second needs the model's image
 processor's resize rule, which a model declares in its image input's metadata entry
 (:data:`RESIZE_KEY`); :func:`model_limits` puts it beside the configured limits.
 
@@ -76,7 +76,7 @@ def model_limits(limits: MediaLimits, metadata: Mapping[str, Any]) -> MediaLimit
 
 def _check_image(data: bytes, limits: MediaLimits, where: str) -> None:
     # Imported here: a server that serves no image model never loads Pillow.
-    from .imaging import check_image
+    from .shared.imaging import check_image
 
     resize = None if limits.image_resize is None else dict(limits.image_resize)
     check_image(
@@ -86,7 +86,7 @@ def _check_image(data: bytes, limits: MediaLimits, where: str) -> None:
 
 def _check_audio(data: bytes, limits: MediaLimits, where: str) -> None:
     # Imported here: a server that serves no audio model never loads libsndfile.
-    from .waveform import check_audio
+    from .shared.waveform import check_audio
 
     check_audio(data, limits.max_audio_seconds, where)
 

@@ -18,15 +18,15 @@ from pathlib import Path
 from typing import Literal
 
 from .default import DEFAULT_MODEL_NAME, default_model_path
+from .embedding.prompts import PromptConfigError, PromptOptions, read_prompts
+from .embedding.splade import SPARSE_TASK, is_sparse_folder, read_layout
 from .engines.options import EngineOptions
 from .hub import HubError, HubId, Snapshot, fetch
-from .nli import ZERO_SHOT_TASK, check_nli_folder
 from .processors import check_processor
-from .prompts import PromptConfigError, PromptOptions, read_prompts
 from .protocol import Model
-from .splade import SPARSE_TASK, is_sparse_folder, read_layout
 from .tasks.audio import AUDIO_TASKS, DEFAULT_MAX_SECONDS, check_audio_folder
 from .tasks.table import UnknownTask, resolve_task, row_of
+from .text.nli import ZERO_SHOT_TASK, check_nli_folder
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -220,7 +220,7 @@ class ModelSource:
             assert self.location is not None
             return _instantiate(self.location)
         if self.kind == "sparse":
-            from .sparse import SparseEmbedder
+            from .embedding.sparse import SparseEmbedder
 
             assert self.location is not None
             return SparseEmbedder(self.location, engine=engine)
@@ -231,7 +231,7 @@ class ModelSource:
             limits = {"max_seconds": max_audio_seconds} if self.task in AUDIO_TASKS else {}
             model: Model = serving(self.task, self.location, engine=engine, **limits)
             return model
-        from .sentence import SentenceEmbedder
+        from .embedding.sentence import SentenceEmbedder
 
         return SentenceEmbedder(self.location, engine=engine, prompt=prompt)
 

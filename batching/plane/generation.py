@@ -1,4 +1,4 @@
-"""Generation through a model's decode loop (:mod:`batching.runtime.decoding`), for every door
+"""Generation through a model's decode loop (:mod:`batching.runtime.scheduler`), for every door
 that generates: each item is a stream of pieces; a door that answers the whole text gathers
 them (:func:`complete`), a streaming door reads them as they come (:func:`open_stream`).
 
@@ -28,8 +28,8 @@ from batching.errors import (
     Overloaded,
     PayloadTooLarge,
 )
-from batching.models.pieces import Answer, Piece, Status
-from batching.runtime.decoding import StepScheduler, Stream
+from batching.models.generation.pieces import Answer, Piece, Status
+from batching.runtime.scheduler import StepScheduler, Stream
 
 from .calls import Call
 from .counting import count_tokens

@@ -25,9 +25,9 @@ from batching.models.protocol import ModelHooks, hooks_of
 from batching.models.tasks.generation import streams
 
 from .base import InstanceFactory, ModelFactory
-from .decoding import StepScheduler, run_scheduler
 from .leases import Leases
 from .process import ProcessInstance
+from .scheduler import StepScheduler, run_scheduler
 from .threads import ThreadInstance
 from .warmup import InstanceInfo, WarmupPlan
 

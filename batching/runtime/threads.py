@@ -83,7 +83,7 @@ class ThreadInstance(InstanceBase):
 
     async def call(self, function: Callable[[Any], T]) -> T:
         """``function(model)`` on the instance's thread (between its batches): how the
-        decode loop (:mod:`.decoding`) steps the model."""
+        decode loop (:mod:`.scheduler`) steps the model."""
         model = self._model
         if model is None:
             raise InstanceLost("the instance has no loaded model")

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from batching.models.generation.pieces import Joining, Status
 from batching.models.parameters import TaskItem
-from batching.models.pieces import Joining, Status
 
 
 def item(text: str, tokens: int) -> TaskItem:

@@ -1,5 +1,5 @@
 """Tiny randomly initialised BERTs written to a folder, for tests that serve real transformers
-models offline and in milliseconds (the same recipe as ``tests/test_hf.py``)."""
+models offline and in milliseconds (the same recipe as ``tests/models/embedding/test_hf.py``)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import transformers
 
-from .._torch import WEIGHTS_LOADING
+from ..shared.torch_models import WEIGHTS_LOADING
 from .cache import FUSED, PLAIN
 
 __all__ = ["FUSED", "HEADS", "PLAIN", "export_onnx"]

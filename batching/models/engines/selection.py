@@ -11,10 +11,10 @@ back to torch fp32, with one log line saying why.
 The variants and their runners are :mod:`.variants`'; measuring them, :mod:`.trials`'. A model
 that can be rebuilt in another process passes ``measure_apart``: the export, the check and the
 timing (which need torch) then run in a child process that exits
-(:mod:`.apart`), and this process builds only the chosen runners from the cache, so a server
-whose engine is not torch never imports torch. Measurements taken while other processes kept
+(:mod:`.measuring_child`), and this process builds only the chosen runners from the cache, so a
+server whose engine is not torch never imports torch. Measurements taken while other processes kept
 the cores busy are marked so, and retaken in the background once the server has been idle
-(:mod:`.retake`); the choice is revisited then.
+(:mod:`.remeasure`); the choice is revisited then.
 """
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ import os
 import time
 from typing import Any
 
-from .apart import ApartFailed
 from .cache import EngineCache
 from .contention import Contention
 from .decision import REFERENCE, Decision, Route
 from .governor import ThreadGovernor, thread_choices
 from .idle import IdleRelease
 from .job import EngineJob
+from .measuring_child import ApartFailed
 from .options import ADAPTIVE_THREADS_VARIABLE, thread_budget
 from .plan import EnginePlan, Runner
-from .retake import Retaker
+from .remeasure import Retaker
 from .shared import shared_runner
 from .trials import measure_and_decide
 from .variants import build_runner, candidates

@@ -1,6 +1,6 @@
-"""The audio tasks served by :mod:`batching.models.audio`, known without loading anything:
-the request parameters each declares, the media they take and the limits on it (pure data: no
-torch, no numpy), for the task table, the settings, the doors and the model alike.
+"""The audio tasks served by :mod:`batching.models.audio.audio_model`, known without loading
+anything: the request parameters each declares, the media they take and the limits on it (pure
+data: no torch, no numpy), for the task table, the settings, the doors and the model alike.
 
 Every parameter is batch-neutral: it acts before the forward pass (resampling samples sent as
 numbers) or after it (which labels, how scored), so requests that set different ones share a

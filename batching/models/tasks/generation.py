@@ -1,6 +1,7 @@
-"""The request parameters of the generating tasks, served by :mod:`batching.models.causal`
-(text-generation) and :mod:`batching.models.seq2seq` (summarization, translation,
-text2text-generation), and the ``translation_<src>_to_<tgt>`` spelling of translation.
+"""The request parameters of the generating tasks, served by
+:mod:`batching.models.generation.causal` (text-generation) and
+:mod:`batching.models.generation.seq2seq` (summarization, translation, text2text-generation),
+and the ``translation_<src>_to_<tgt>`` spelling of translation.
 
 What a task declares here is what the model repository's ``parameters`` defaults are checked
 against at start-up. A loaded model declares the same keys in its metadata with its own

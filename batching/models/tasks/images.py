@@ -1,5 +1,5 @@
-"""The request parameters of the image tasks (:mod:`batching.models.images`,
-:mod:`batching.models.clip`), under the names the transformers pipeline gives them."""
+"""The request parameters of the image tasks (:mod:`batching.models.images.classifier`,
+:mod:`batching.models.images.clip`), under the names the transformers pipeline gives them."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Every task ``--task`` accepts, and what serves each: the one declared list.
 
-A row maps a task name to :class:`Task`: the class that serves it (``module:Class``, built as
+A row maps a task name to :class:`TaskRow`: the class that serves it (``module:Class``, built as
 ``Class(task, folder, engine=engine)`` and meeting :class:`batching.models.protocol.Model`)
 and the request parameters it declares (``module:NAME`` in this package, a tuple of
 :class:`~batching.models.parameters.Param`). Both are named, not imported, so reading the
@@ -27,7 +27,7 @@ __all__ = [
     "ALIASES",
     "REMOVED",
     "TASKS",
-    "Task",
+    "TaskRow",
     "UnknownTask",
     "check_defaults",
     "declared",
@@ -37,16 +37,16 @@ __all__ = [
 ]
 
 #: What serves the text tasks: one transformers pipeline per model.
-PIPELINE = "batching.models.pipeline:PipelineModel"
+PIPELINE = "batching.models.text.pipeline:PipelineModel"
 #: What serves the generating tasks: the model's own generate, batched.
-TEXT_GENERATOR = "batching.models.causal:TextGenerator"
-SEQ2SEQ_GENERATOR = "batching.models.seq2seq:Seq2SeqGenerator"
+TEXT_GENERATOR = "batching.models.generation.causal:TextGenerator"
+SEQ2SEQ_GENERATOR = "batching.models.generation.seq2seq:Seq2SeqGenerator"
 #: What serves the audio tasks: the feature extractor and the model, batched.
-AUDIO = "batching.models.audio:AudioModel"
+AUDIO = "batching.models.audio.audio_model:AudioModel"
 
 
 @dataclass(frozen=True, slots=True)
-class Task:
+class TaskRow:
     """What serves one task.
 
     :param serves: ``package.module:Class``; ``Class(task, folder, engine=engine)`` builds an
@@ -77,32 +77,36 @@ class Task:
 
 
 #: The served tasks, one row each, grouped by family.
-TASKS: dict[str, Task] = {
-    # Text, through one transformers pipeline (batching/models/pipeline.py).
-    "feature-extraction": Task(PIPELINE, "text:FEATURE_EXTRACTION"),
-    "fill-mask": Task(PIPELINE, "text:FILL_MASK"),
-    "text-classification": Task(PIPELINE, "text:TEXT_CLASSIFICATION"),
-    "token-classification": Task(PIPELINE, "text:TOKEN_CLASSIFICATION"),
+TASKS: dict[str, TaskRow] = {
+    # Text, through one transformers pipeline (batching/models/text/pipeline.py).
+    "feature-extraction": TaskRow(PIPELINE, "text:FEATURE_EXTRACTION"),
+    "fill-mask": TaskRow(PIPELINE, "text:FILL_MASK"),
+    "text-classification": TaskRow(PIPELINE, "text:TEXT_CLASSIFICATION"),
+    "token-classification": TaskRow(PIPELINE, "text:TOKEN_CLASSIFICATION"),
     # Zero-shot classification: one (text, label) pair per unit of batching.
-    "zero-shot-classification": Task(
-        "batching.models.zero_shot:ZeroShotModel", "zero_shot:ZERO_SHOT_CLASSIFICATION"
+    "zero-shot-classification": TaskRow(
+        "batching.models.text.zero_shot:ZeroShotModel", "zero_shot:ZERO_SHOT_CLASSIFICATION"
     ),
-    # Generation, through the model's own generate (batching/models/causal.py, seq2seq.py);
+    # Generation, through the model's own generate (models/generation/causal.py, seq2seq.py);
     # translation_<src>_to_<tgt> is translation from one pair the model names.
-    "text-generation": Task(TEXT_GENERATOR, "generation:TEXT_GENERATION"),
-    "summarization": Task(SEQ2SEQ_GENERATOR, "generation:SUMMARIZATION"),
-    "translation": Task(SEQ2SEQ_GENERATOR, "generation:TRANSLATION"),
-    "text2text-generation": Task(SEQ2SEQ_GENERATOR, "generation:TEXT2TEXT_GENERATION"),
-    # Images: bytes in, never a path or URL (batching/models/images.py, clip.py).
-    "image-classification": Task(
-        "batching.models.images:ImageClassifier", "images:IMAGE_CLASSIFICATION", IMAGE_PROCESSOR
+    "text-generation": TaskRow(TEXT_GENERATOR, "generation:TEXT_GENERATION"),
+    "summarization": TaskRow(SEQ2SEQ_GENERATOR, "generation:SUMMARIZATION"),
+    "translation": TaskRow(SEQ2SEQ_GENERATOR, "generation:TRANSLATION"),
+    "text2text-generation": TaskRow(SEQ2SEQ_GENERATOR, "generation:TEXT2TEXT_GENERATION"),
+    # Images: bytes in, never a path or URL (batching/models/images/classifier.py, clip.py).
+    "image-classification": TaskRow(
+        "batching.models.images.classifier:ImageClassifier",
+        "images:IMAGE_CLASSIFICATION",
+        IMAGE_PROCESSOR,
     ),
-    "image-text-embedding": Task(
-        "batching.models.clip:ImageTextEmbedder", "images:IMAGE_TEXT_EMBEDDING", IMAGE_PROCESSOR
+    "image-text-embedding": TaskRow(
+        "batching.models.images.clip:ImageTextEmbedder",
+        "images:IMAGE_TEXT_EMBEDDING",
+        IMAGE_PROCESSOR,
     ),
-    # Audio, decoded from WAV/FLAC bytes or taken as samples (batching/models/audio.py).
-    "audio-classification": Task(AUDIO, "audio:AUDIO_CLASSIFICATION", FEATURE_EXTRACTOR),
-    "automatic-speech-recognition": Task(
+    # Audio, decoded from WAV/FLAC bytes or taken as samples (batching/models/audio/audio_model.py).
+    "audio-classification": TaskRow(AUDIO, "audio:AUDIO_CLASSIFICATION", FEATURE_EXTRACTOR),
+    "automatic-speech-recognition": TaskRow(
         AUDIO, "audio:AUTOMATIC_SPEECH_RECOGNITION", FEATURE_EXTRACTOR
     ),
 }
@@ -168,7 +172,7 @@ def declared(task: str) -> dict[str, Param]:
     return {param.name: param for param in row_of(resolve_task(task)).declared()}
 
 
-def row_of(task: str) -> Task:
+def row_of(task: str) -> TaskRow:
     """The row serving ``task``, a resolved task (``translation_<src>_to_<tgt>``:
     translation's)."""
     return TASKS["translation" if pair_of(task) is not None else task]

@@ -1,4 +1,4 @@
-"""The request parameters of the text tasks served by :mod:`batching.models.pipeline`.
+"""The request parameters of the text tasks served by :mod:`batching.models.text.pipeline`.
 
 Each is what the transformers pipeline of that task takes, under its own name, so a request's
 ``parameters`` mean what they mean in ``pipeline(...)(text, **parameters)``. All of them change

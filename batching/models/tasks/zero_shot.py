@@ -1,4 +1,4 @@
-"""The request parameters of zero-shot-classification (:mod:`batching.models.zero_shot`).
+"""The request parameters of zero-shot-classification (:mod:`batching.models.text.zero_shot`).
 
 They are the pipeline's own: ``pipeline("zero-shot-classification")(text, candidate_labels=...,
 hypothesis_template=..., multi_label=...)``. Every one is batch-neutral: a request becomes one

@@ -1,0 +1,1 @@
+"""The audio family: the audio tasks."""

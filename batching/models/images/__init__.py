@@ -1,0 +1,1 @@
+"""The images family: image classification and CLIP."""

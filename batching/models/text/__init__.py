@@ -1,0 +1,2 @@
+"""The text family: the transformers pipeline tasks, and zero-shot classification over an NLI
+model."""

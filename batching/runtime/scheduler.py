@@ -1,0 +1,413 @@
+"""The iteration-level scheduler of a generating model (causal or encoder-decoder): every
+request to it, whatever its door, runs here, beside the batcher.
+
+Each instance runs a loop of decode steps on its own thread. Before every step, the streams
+that finished (cancelled by their door, or past their deadline) leave, and waiting requests
+join the running batch: a turn's newcomers are prefilled together, and their first tokens go
+out while the step runs (a newcomer does not wait for the running rows' step before its first
+token). After the step, finished ones leave at once, freeing their rows of the cache. A
+request's pieces reach it as they come (:class:`Stream`); a door that answers the whole text
+gathers them.
+
+Admission counts tokens: a request reserves its prompt's tokens plus its ``max_new_tokens``
+(the most cache it can fill) from the model's budget (``--max-batch-tokens``; by default
+``max_batch_size`` sequences of the model's full length) until its row leaves. A request that
+would overdraw the budget is refused at once, 503 with Retry-After; one larger than the whole
+budget can never run, a 413. At most ``max_batch_size`` sequences run on an instance at once;
+more wait their turn (they hold their reservation).
+
+A stream's life is one value, its :class:`~batching.models.generation.pieces.Status`: waiting,
+running, then finished by its length, a stop string or the end token (the running batch says),
+or cancelled, or an error (this scheduler says). Faults stay per stream: an item that cannot be
+prepared (too long with ``truncate: false``, not a text) or whose prefill raises fails that
+stream only (the running batch tries a failed shared prefill one by one). A step raises only
+for what the whole batch shares (the model itself): it fails the streams of that batch, and
+the loop goes on with a fresh one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from batching.core.events import BatchEvents, NoEvents
+from batching.errors import (
+    BatchingError,
+    DeadlineExceeded,
+    InferenceFailed,
+    NotReady,
+    Overloaded,
+    PayloadTooLarge,
+)
+from batching.models.generation.pieces import Joining, Piece, Status
+
+__all__ = ["RunningBatch", "StepScheduler", "Stream", "run_scheduler"]
+
+logger = logging.getLogger("batching")
+
+T = TypeVar("T")
+
+#: Runs a function of the instance's loaded model on the instance's own thread.
+CallModel = Callable[[Callable[[Any], T]], Awaitable[T]]
+
+
+class RunningBatch(Protocol):
+    """The model side of the loop (:class:`batching.models.generation.running.RunningBatchBase`)."""
+
+    def __len__(self) -> int: ...
+
+    def join_items(self, items: Sequence[Joining]) -> list[Piece | BaseException]:
+        """The newcomers of one turn prefilled together: each its first piece, or the
+        exception that fails it alone, in their order."""
+        ...
+
+    def step(self) -> list[Piece]: ...
+
+    def leave(self, keys: set[int]) -> None: ...
+
+
+@dataclass(eq=False)
+class Stream:
+    """One request item's sequence as its door sees it: pieces of text as they are
+    generated, and its :class:`~batching.models.generation.pieces.Status`."""
+
+    key: int
+    item: Any
+    tokens: int
+    deadline: float
+    request_id: str = ""
+    #: The item's place in its request (an error about it names it: ``inputs[2]``).
+    place: int = 0
+    status: Status = Status.WAITING
+    #: Tokens generated so far.
+    generated: int = 0
+    #: When it was accepted and when it joined the running batch (the scheduler's clock),
+    #: and the seconds of the forwards it ran in.
+    submitted: float = 0.0
+    joined: float | None = None
+    computed: float = 0.0
+    _pieces: deque[Piece] = field(default_factory=deque)
+    _error: BaseException | None = None
+    _arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def cancel(self) -> None:
+        """The client went away (or its door stopped reading): the row leaves at the next
+        step, and what it would still generate is dropped."""
+        if not self.status.finished:
+            self.status = Status.FINISHED_CANCELLED
+            self._arrived.set()
+
+    async def next(self) -> Piece | None:
+        """The next piece (None: the stream ended), waiting no later than the deadline.
+
+        :raises DeadlineExceeded: the deadline passed first.
+        :raises BatchingError: the stream failed (its own error: 413, 422, 500, 503).
+        """
+        try:
+            async with asyncio.timeout_at(self.deadline):
+                while not self._pieces and not self.status.finished:
+                    self._arrived.clear()
+                    await self._arrived.wait()
+        except TimeoutError:
+            self._fail(DeadlineExceeded("the deadline passed while the answer was generated"))
+        if self._pieces:
+            return self._pieces.popleft()
+        if self._error is not None:
+            raise self._error
+        return None
+
+    def _put(self, piece: Piece) -> None:
+        if self.status.finished:
+            return  # cancelled: nobody reads it
+        self._pieces.append(piece)
+        self.status = piece.finish or Status.RUNNING
+        self._arrived.set()
+
+    def _fail(self, error: BaseException) -> None:
+        if self.status.finished:
+            return
+        self.status, self._error = Status.FINISHED_ERROR, error
+        self._arrived.set()
+
+
+class StepScheduler:
+    """One generating model's iteration-level scheduler.
+
+    :param name: the model's name (for errors and logs).
+    :param max_rows: the most sequences an instance runs at once (``max_batch_size``).
+    :param budget: the tokens all accepted requests may reserve; None: ``max_rows`` times
+        the model's positions, learnt from the first instance.
+    :param events: told of each prefill as a batch (the streams that joined together, each
+        item once) and of each stream's end, as the batcher tells of its batches.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        max_rows: int,
+        budget: int | None = None,
+        clock: Callable[[], float] | None = None,
+        events: BatchEvents | None = None,
+    ) -> None:
+        self.name = name
+        self.events: BatchEvents = events or NoEvents()
+        self.max_rows = max(1, max_rows)
+        self.budget = budget
+        self.instances = 0
+        self.draining = False
+        self._clock = clock
+        self._keys = itertools.count()
+        #: Accepted streams whose rows have not left yet: they hold their tokens.
+        self._live: dict[int, Stream] = {}
+        self._waiting: deque[Stream] = deque()
+        self._work = asyncio.Event()
+        #: Seconds a step took lately, for the Retry-After of a full budget.
+        self._step_s = 0.05
+
+    @property
+    def reserved(self) -> int:
+        """The tokens the accepted streams hold."""
+        return sum(stream.tokens for stream in self._live.values())
+
+    @property
+    def active(self) -> int:
+        """Accepted streams whose rows have not left yet (running or waiting)."""
+        return len(self._live)
+
+    @property
+    def idle(self) -> bool:
+        return not self._live
+
+    def _now(self) -> float:
+        if self._clock is not None:
+            return self._clock()
+        return asyncio.get_running_loop().time()
+
+    # -- admission --------------------------------------------------------------------------
+
+    def admit(self) -> int:
+        """Refuse now what :meth:`submit` would refuse whatever the request's tokens: a door
+        asks before it counts them. Returns the token budget.
+
+        :raises NotReady: no instance is serving (loading, or shutting down).
+        """
+        if self.draining or self.instances == 0 or self.budget is None:
+            raise NotReady(f"model {self.name!r} is not ready", retry_after=1.0)
+        return self.budget
+
+    def submit(
+        self, item: Any, tokens: int, deadline: float, request_id: str = "", place: int = 0
+    ) -> Stream:
+        """Accept ``item`` (it costs ``tokens``: prompt and ``max_new_tokens``) or refuse it.
+
+        :raises NotReady: no instance is serving (loading, or shutting down).
+        :raises PayloadTooLarge: more tokens than the whole budget.
+        :raises Overloaded: the budget is full now.
+        """
+        budget = self.admit()
+        if tokens > budget:
+            raise PayloadTooLarge(
+                f"this request needs {tokens} tokens (prompt and max_new_tokens); model "
+                f"{self.name!r} holds at most {budget} (--max-batch-tokens)"
+            )
+        if self.reserved + tokens > budget:
+            raise Overloaded(
+                f"model {self.name!r} is generating as many tokens as it holds; retry shortly",
+                retry_after=max(1.0, self._step_s * 32),
+            )
+        stream = Stream(next(self._keys), item, tokens, deadline, request_id, place)
+        stream.submitted = self._now()
+        self._live[stream.key] = stream
+        self._waiting.append(stream)
+        self._work.set()
+        return stream
+
+    def _fail(self, stream: Stream, error: BaseException) -> None:
+        """End ``stream`` with ``error``; its row is out of the batch (or never joined)."""
+        stream._fail(error)
+        self._left(stream)
+
+    def _left(self, stream: Stream) -> None:
+        """``stream``'s row is out of the batch (or never joined): its tokens are free."""
+        if self._live.pop(stream.key, None) is None:
+            return
+        now = self._now()
+        joined = now if stream.joined is None else stream.joined
+        ok = stream.status in (Status.FINISHED_LENGTH, Status.FINISHED_STOP, Status.FINISHED_END)
+        self.events.request_done(
+            joined - stream.submitted, stream.computed, now - stream.submitted, ok
+        )
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    async def serve(self, call: CallModel[Any]) -> None:
+        """Run decode steps on one instance (``call`` runs a function of its model on its
+        thread) until cancelled."""
+        batch: RunningBatch
+        batch, positions = await call(lambda model: (model.decode_batch(), model.positions()))
+        if self.budget is None:
+            self.budget = self.max_rows * int(positions)
+        running: dict[int, Stream] = {}
+        self.instances += 1
+        try:
+            while True:
+                if not running and not self._waiting:
+                    self._work.clear()
+                    await self._work.wait()
+                await self._step(call, batch, running)
+        finally:
+            self.instances -= 1
+            for stream in running.values():
+                self._fail(stream, NotReady("the instance stopped before this answer ended"))
+            if self.instances == 0:
+                while self._waiting:
+                    self._fail(
+                        self._waiting.popleft(),
+                        NotReady("the server shut down before serving this request"),
+                    )
+
+    async def _step(
+        self, call: CallModel[Any], batch: RunningBatch, running: dict[int, Stream]
+    ) -> None:
+        now = self._now()
+        leaving: set[int] = set()
+        for key, stream in list(running.items()):
+            if stream.status.finished or stream.deadline <= now:
+                leaving.add(key)
+                del running[key]
+                self._expire(stream)
+        joining: list[Stream] = []
+        while self._waiting and len(running) + len(joining) < self.max_rows:
+            stream = self._waiting.popleft()
+            if stream.status.finished or stream.deadline <= now:
+                self._expire(stream)
+                continue
+            joining.append(stream)
+        if joining:
+            await self._join(call, batch, running, leaving, joining)
+            leaving = set()
+        if running or leaving:
+            await self._advance(call, batch, running, leaving)
+
+    async def _join(
+        self,
+        call: CallModel[Any],
+        batch: RunningBatch,
+        running: dict[int, Stream],
+        leaving: set[int],
+        joining: list[Stream],
+    ) -> None:
+        """The newcomers' prefill, before the running rows' next step: their first tokens go
+        out without waiting for it."""
+        items = [Joining(stream.key, stream.item, stream.place) for stream in joining]
+
+        def work(model: Any) -> list[Piece | BaseException]:
+            batch.leave(leaving)
+            try:
+                joined = batch.join_items(items)
+            except Exception as exc:  # the batch's own fault: its newcomers fail
+                logger.exception("model %s: a prefill failed", self.name)
+                return [exc] * len(items)
+            batch.leave(
+                {p.key for p in joined if not isinstance(p, BaseException) and p.finish is not None}
+            )
+            return joined
+
+        started, now = time.perf_counter(), self._now()
+        joined = await call(work)
+        seconds = time.perf_counter() - started
+        pieces = [piece for piece in joined if not isinstance(piece, BaseException)]
+        if pieces:
+            self.events.batch_done(
+                len(pieces),
+                len(pieces) * max(piece.prompt_tokens for piece in pieces),
+                "prefill",
+                now - min(stream.submitted for stream in joining),
+                seconds,
+            )
+        for stream, outcome in zip(joining, joined, strict=True):
+            if isinstance(outcome, BaseException):
+                self._fail(stream, self._failure(stream, outcome))
+                continue
+            stream.joined, stream.computed = now, seconds
+            running[stream.key] = stream
+            self._deliver(running, stream, outcome)
+
+    async def _advance(
+        self,
+        call: CallModel[Any],
+        batch: RunningBatch,
+        running: dict[int, Stream],
+        leaving: set[int],
+    ) -> None:
+        """One step of the running rows; the ones it finished leave at once."""
+        stepping = list(running)
+
+        def work(model: Any) -> list[Piece] | BaseException:
+            batch.leave(leaving)
+            if not len(batch):
+                return []
+            try:
+                stepped = batch.step()
+            except Exception as exc:
+                batch.leave(set(stepping))
+                return exc
+            batch.leave({piece.key for piece in stepped if piece.finish is not None})
+            return stepped
+
+        started = time.perf_counter()
+        stepped = await call(work)
+        seconds = time.perf_counter() - started
+        self._step_s = 0.8 * self._step_s + 0.2 * seconds
+        for key in stepping:
+            running[key].computed += seconds
+        if isinstance(stepped, BaseException):
+            logger.error("model %s: a decode step failed", self.name, exc_info=stepped)
+            for key in stepping:
+                self._fail(running.pop(key), InferenceFailed("the model failed on this batch"))
+        else:
+            for piece in stepped:
+                self._deliver(running, running[piece.key], piece)
+
+    def _deliver(self, running: dict[int, Stream], stream: Stream, piece: Piece) -> None:
+        stream.generated += 1
+        stream._put(piece)
+        if piece.finish is not None:
+            running.pop(stream.key, None)
+            self._left(stream)
+
+    def _expire(self, stream: Stream) -> None:
+        """``stream`` leaves (or never joins): cancelled by its door, failed, or past its
+        deadline."""
+        self._fail(stream, DeadlineExceeded("the deadline passed while generating"))
+
+    def _failure(self, stream: Stream, exc: BaseException) -> BaseException:
+        if isinstance(exc, BatchingError):
+            return exc
+        logger.error(
+            "request %s: model %s failed on its input",
+            stream.request_id or "-",
+            self.name,
+            exc_info=exc,
+        )
+        return InferenceFailed("the model failed on this input")
+
+    def drain(self) -> None:
+        """Refuse new requests; what runs goes on."""
+        self.draining = True
+
+
+async def run_scheduler(scheduler: StepScheduler, call: CallModel[Any]) -> None:
+    """:meth:`StepScheduler.serve`, logging an unexpected end."""
+    with contextlib.suppress(asyncio.CancelledError):
+        try:
+            await scheduler.serve(call)
+        except Exception:
+            logger.exception("model %s: the decode loop stopped", scheduler.name)
