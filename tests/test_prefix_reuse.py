@@ -6,7 +6,6 @@ the cache stays within its bytes; the setting reaches the model, and the metrics
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +19,10 @@ from batching.models.parameters import TaskItem
 from batching.models.pieces import Joining
 from batching.models.prefix_prefill import Prefixes, prefix_cache
 from batching.settings.cli import parse_settings
+from batching.settings.repository import RepositoryError, load_repository
 from tests.support.asgi import serving
 from tests.support.generators import causal_reference, direct, gpt2_folder
+from tests.support.metrics import sample as metric
 from tests.support.running_batches import item, run
 
 #: Positions enough for prompts of a hundred tokens and more.
@@ -223,6 +224,21 @@ def test_a_negative_prefix_cache_size_exits_with_one_line(
     assert error.count("\n") == 1 and "prefix_cache_mb must be between 0 and" in error
 
 
+@pytest.mark.parametrize(("value", "says"), [(0, None), (-1, "prefix_cache_mb: must be")])
+def test_a_repository_model_sets_its_prefix_cache_size(
+    tmp_path: Path, folder: Path, value: int, says: str | None
+) -> None:
+    (tmp_path / "gpt").mkdir()
+    text = f'source = "{folder}"\ntask = "text-generation"\nprefix_cache_mb = {value}\n'
+    (tmp_path / "gpt" / "config.toml").write_text(text, encoding="utf-8")
+    if says is None:
+        (model,) = load_repository(str(tmp_path))
+        assert model.prefix_cache_mb == value
+        return
+    with pytest.raises(RepositoryError, match=says):
+        load_repository(str(tmp_path))
+
+
 @pytest.mark.anyio
 async def test_the_doors_answer_the_same_with_and_without_the_cache_and_metrics_show_it(
     folder: Path,
@@ -245,9 +261,7 @@ async def test_the_doors_answer_the_same_with_and_without_the_cache_and_metrics_
         metrics = (await client.get("/metrics")).text
 
     def sample(name: str, model: str) -> float:
-        found = re.search(rf'^{name}{{model="{model}"}} (\S+)$', metrics, re.MULTILINE)
-        assert found is not None, name
-        return float(found.group(1))
+        return metric(metrics, name, model=model)
 
     assert sample("batching_prefix_cache_capacity_bytes", "kept") == 1 << 20
     assert 0 < sample("batching_prefix_cache_bytes", "kept") <= 1 << 20

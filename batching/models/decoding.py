@@ -11,9 +11,10 @@ views of buffers this batch owns (:class:`_Window`: rows by columns, with room t
 
 - **join**: the newcomers of one turn are prefilled together, in one forward left-padded to
   the longest (an attention mask and position ids that count real tokens only: each row's
-  cache and first token are what it would get alone); their cache rows are copied into free
-  rows of the buffers, right-aligned with the batch's columns (the shorter side is padding,
-  hidden by the attention mask);
+  cache and first token are what it would get alone; what the instance keeps of their
+  prompts' prefixes is not computed again: :mod:`.prefix_prefill`); their cache rows are
+  copied into free rows of the buffers, right-aligned with the batch's columns (the shorter
+  side is padding, hidden by the attention mask);
 - **step**: one forward of the last token of every running row; each layer writes its new
   column into the buffers in place (no copy of the cache, which ``DynamicCache``'s own
   concatenation made at every step);
@@ -164,10 +165,12 @@ class DecodeBatch(RunningBatchBase[tuple[DynamicCache, torch.Tensor]]):
         """The newcomers in one forward, left-padded to the longest, with an attention mask
         and position ids that count real tokens only; what the prefix cache holds of their
         prompts is not computed again (:mod:`.prefix_prefill`)."""
-        prefill = self._run([row.prompt.ids for row in rows])
-        return prefill[0], (prefill[1].cache, prefill[1].mask)
+        logits, prefill = self._run([row.prompt.ids for row in rows])
+        return logits, (prefill.cache, prefill.mask)
 
     def _run(self, prompts: list[list[int]], count: bool = True) -> tuple[torch.Tensor, Prefill]:
+        """One forward of ``prompts`` (after one of the prefixes several of them share and the
+        cache lacks); their new blocks kept. ``count``: their finds are counted."""
         shared = self.prefixes.shared(prompts) if self.prefixes is not None else []
         if shared:
             # Prefixes several newcomers share and the cache lacks: computed once, first.
