@@ -92,6 +92,7 @@ def default_model_builder(config: ModelConfig) -> Model:
         config.engine_options,
         config.prompt_options,
         max_audio_seconds=config.max_audio_seconds,
+        prefix_cache_mb=config.prefix_cache_mb,
     )
 
 

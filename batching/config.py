@@ -13,6 +13,7 @@ from batching.models.engines.options import (
     EngineOptions,
     check_engine_settings,
 )
+from batching.models.generation.prefix_cache import DEFAULT_PREFIX_CACHE_MB, MAX_PREFIX_CACHE_MB
 from batching.models.media import (
     DEFAULT_MAX_DECODE_BYTES,
     DEFAULT_MAX_IMAGE_PIXELS,
@@ -94,6 +95,9 @@ class ModelConfig:
     #: decoded (or counted from samples sent as numbers); more is a 413
     #: (``--max-audio-seconds``).
     max_audio_seconds: float = DEFAULT_MAX_SECONDS
+    #: text-generation: the most memory, in MiB, each instance's prompt prefixes may hold for
+    #: later prompts that start with them (``--prefix-cache-mb``; 0: none kept).
+    prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB
     #: A task's server-wide request parameters (the model repository's ``parameters``
     #: table): what a request that does not set one gets. Checked against the task's
     #: declaration at construction; stored checked, sorted by name.
@@ -160,6 +164,11 @@ class ModelConfig:
             raise ValueError(
                 f"max_audio_seconds must be above 0 and at most {MAX_AUDIO_SECONDS:g}, "
                 f"not {self.max_audio_seconds}"
+            )
+        if not 0 <= self.prefix_cache_mb <= MAX_PREFIX_CACHE_MB:
+            raise ValueError(
+                f"prefix_cache_mb must be between 0 and {MAX_PREFIX_CACHE_MB}, "
+                f"not {self.prefix_cache_mb}"
             )
         if not 0 < self.cpu_share <= MAX_CPU_SHARE:
             raise ValueError(

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from batching.core.events import BatchRun, RequestRun
+from batching.prefix_metrics import PrefixMetrics
 from batching.runtime.deployment import Deployment
 
 __all__ = [
@@ -140,6 +141,7 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.prefixes = PrefixMetrics(r)
         # Autoscaling signals: set at each scrape from the batcher's counters, so they are
         # true at the instant of the scrape (not averages over completed requests).
         self.queue_requests = Gauge(
@@ -235,6 +237,7 @@ class Metrics:
         if scheduler is not None:
             self.generation_sequences.labels(name).set(scheduler.active)
             self.generation_reserved.labels(name).set(scheduler.reserved)
+            self.prefixes.observe(name, scheduler.prefixes)
         if deployment.warmup_s:
             self.warmup.labels(deployment.name).set(deployment.warmup_s[-1])
         self.memory.labels(name).set(sum(deployment.memory_bytes.values()))

@@ -15,7 +15,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from .default import DEFAULT_MODEL_NAME, default_model_path
 from .embedding.prompts import PromptConfigError, PromptOptions, read_prompts
@@ -25,7 +25,7 @@ from .hub import HubError, HubId, Snapshot, fetch
 from .processors import check_processor
 from .protocol import Model
 from .tasks.audio import AUDIO_TASKS, DEFAULT_MAX_SECONDS, check_audio_folder
-from .tasks.table import UnknownTask, resolve_task, row_of
+from .tasks.table import TEXT_GENERATOR, UnknownTask, resolve_task, row_of
 from .text.nli import ZERO_SHOT_TASK, check_nli_folder
 
 __all__ = [
@@ -204,6 +204,7 @@ class ModelSource:
         prompt: PromptOptions | None = None,
         *,
         max_audio_seconds: float = DEFAULT_MAX_SECONDS,
+        prefix_cache_mb: int | None = None,
     ) -> Model:
         """A new, unloaded model object (once per instance start, on its thread or process).
 
@@ -212,6 +213,8 @@ class ModelSource:
         :param prompt: the default prompt override of a sentence embedder (checked by
             :meth:`check_prompts` at start-up).
         :param max_audio_seconds: the longest audio an audio task's input may hold.
+        :param prefix_cache_mb: text-generation: the memory each instance's prompt prefixes
+            may hold (None: the model's default).
 
         :raises ModelSourceError: when the class cannot be built with no arguments or lacks
             ``load`` and ``predict``, or the task is unknown.
@@ -226,9 +229,15 @@ class ModelSource:
             return SparseEmbedder(self.location, engine=engine)
         if self.kind == "pipeline":
             assert self.location is not None and self.task is not None
-            serving = row_of(self.task).server_class()
-            # The audio tasks' models enforce the length limit on samples sent as numbers.
-            limits = {"max_seconds": max_audio_seconds} if self.task in AUDIO_TASKS else {}
+            row = row_of(self.task)
+            serving = row.server_class()
+            # The audio tasks' models enforce the length limit on samples sent as numbers; a
+            # causal LM bounds the prompt prefixes it keeps.
+            limits: dict[str, Any] = {}
+            if self.task in AUDIO_TASKS:
+                limits["max_seconds"] = max_audio_seconds
+            if row.serves == TEXT_GENERATOR and prefix_cache_mb is not None:
+                limits["prefix_cache_mb"] = prefix_cache_mb
             model: Model = serving(self.task, self.location, engine=engine, **limits)
             return model
         from .embedding.sentence import SentenceEmbedder

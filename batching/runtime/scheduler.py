@@ -47,6 +47,7 @@ from batching.errors import (
     PayloadTooLarge,
 )
 from batching.models.generation.pieces import Joining, Piece, Status
+from batching.models.generation.prefix_cache import PrefixLedger
 
 __all__ = ["RunningBatch", "StepScheduler", "Stream", "run_scheduler"]
 
@@ -170,6 +171,8 @@ class StepScheduler:
         self._work = asyncio.Event()
         #: Seconds a step took lately, for the Retry-After of a full budget.
         self._step_s = 0.05
+        #: What the instances' running batches keep of their prompts' prefixes (metrics).
+        self.prefixes = PrefixLedger()
 
     @property
     def reserved(self) -> int:
@@ -256,6 +259,7 @@ class StepScheduler:
             self.budget = self.max_rows * int(positions)
         running: dict[int, Stream] = {}
         self.instances += 1
+        self.prefixes.track(batch)
         try:
             while True:
                 if not running and not self._waiting:
@@ -264,6 +268,7 @@ class StepScheduler:
                 await self._step(call, batch, running)
         finally:
             self.instances -= 1
+            self.prefixes.retire(batch)
             for stream in running.values():
                 self._fail(stream, NotReady("the instance stopped before this answer ended"))
             if self.instances == 0:

@@ -72,16 +72,20 @@ class Table:
         self.taken.add(key)
         return self.data.get(key, MISSING)
 
-    def integer(self, key: str, default: int, *, maximum: int | None = None) -> int:
-        value = self.optional_integer(key, maximum=maximum)
+    def integer(
+        self, key: str, default: int, *, maximum: int | None = None, minimum: int = 1
+    ) -> int:
+        value = self.optional_integer(key, maximum=maximum, minimum=minimum)
         return default if value is None else value
 
-    def optional_integer(self, key: str, *, maximum: int | None = None) -> int | None:
+    def optional_integer(
+        self, key: str, *, maximum: int | None = None, minimum: int = 1
+    ) -> int | None:
         value = self.get(key)
         if value is MISSING:
             return None
-        if not is_int(value) or value < 1 or (maximum is not None and value > maximum):
-            bound = ">= 1" if maximum is None else f"between 1 and {maximum}"
+        if not is_int(value) or value < minimum or (maximum is not None and value > maximum):
+            bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
             raise self.error(key, f"must be an integer {bound}", value)
         return int(value)
 

@@ -1,7 +1,7 @@
 """The model flags: what to serve (``--model``, ``--task`` and ``--name``, or several models
 with ``--model-repository``), its instances (``--device``, ``--instances``,
 ``--instance-kind``) and the text options every model of the start takes by default
-(``--no-truncate``, ``--default-prompt-name``, ``--default-prompt``).
+(``--no-truncate``, ``--prefix-cache-mb``, ``--default-prompt-name``, ``--default-prompt``).
 
 The model of the flags gathers every group's defaults (batching, limits, engines): with a
 repository it is the defaults of the keys each ``config.toml`` leaves out."""
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from batching.config import INSTANCE_KINDS, BatchingConfig, ModelConfig
+from batching.models.generation.prefix_cache import DEFAULT_PREFIX_CACHE_MB
 from batching.models.media import MediaLimits
 from batching.models.source import ModelSource
 from batching.runtime.cpus import InstanceBudget
@@ -65,6 +66,14 @@ def add_model_flags(parser: Parser) -> None:
         "instead of cutting it; a request's truncate: true still cuts",
     )
     parser.flag(
+        "--prefix-cache-mb",
+        default=DEFAULT_PREFIX_CACHE_MB,
+        help="text-generation: most memory in MiB each instance keeps of its prompts' "
+        "computed prefixes (keys and values), so a later prompt starting with the same "
+        "tokens (a system prompt) skips computing them; least recently used first out; "
+        "0: none kept",
+    )
+    parser.flag(
         "--default-prompt-name",
         help="the prompt prepended to every text that names none: one of the folder's "
         "config_sentence_transformers.json prompts, overriding its default_prompt_name "
@@ -113,6 +122,7 @@ def read_flags_model(
             max_image_pixels=media.max_image_pixels,
             max_decode_bytes=media.max_decode_bytes,
             max_audio_seconds=media.max_audio_seconds,
+            prefix_cache_mb=int(args.prefix_cache_mb),
             default_prompt_name=args.default_prompt_name,
             default_prompt=args.default_prompt,
         )

@@ -25,6 +25,7 @@ from batching.core.config import (
     MAX_QUEUE_SIZE,
     MAX_TIMEOUT,
 )
+from batching.models.generation.prefix_cache import MAX_PREFIX_CACHE_MB
 from batching.models.hub import HubId
 from batching.models.source import ModelSource, ModelSourceError
 from batching.runtime.cpus import InstanceBudget
@@ -53,6 +54,7 @@ _TOP_KEYS = (
     "max_image_pixels",
     "max_decode_bytes",
     "max_audio_seconds",
+    "prefix_cache_mb",
     "default_prompt_name",
     "default_prompt",
     "parameters",
@@ -129,6 +131,9 @@ def model_from_table(
     max_image_pixels = top.integer("max_image_pixels", base.max_image_pixels)
     max_decode_bytes = top.integer("max_decode_bytes", base.max_decode_bytes)
     max_audio_seconds = top.number("max_audio_seconds", base.max_audio_seconds, positive=True)
+    prefix_cache_mb = top.integer(
+        "prefix_cache_mb", base.prefix_cache_mb, minimum=0, maximum=MAX_PREFIX_CACHE_MB
+    )
     prompt_name, prompt = _prompt(top, base)
     parameters = _parameters(top, task)
     cpu_share = top.number("cpu_share", base.cpu_share, positive=True)
@@ -153,6 +158,7 @@ def model_from_table(
             max_image_pixels=max_image_pixels,
             max_decode_bytes=max_decode_bytes,
             max_audio_seconds=max_audio_seconds,
+            prefix_cache_mb=prefix_cache_mb,
             default_prompt_name=prompt_name,
             default_prompt=prompt,
             parameters=parameters,

@@ -48,6 +48,7 @@ OVERRIDE_KEYS = (
     "truncate",
     "max_image_pixels",
     "max_decode_bytes",
+    "prefix_cache_mb",
     "default_prompt_name",
     "default_prompt",
     "parameters",

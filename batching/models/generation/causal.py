@@ -13,16 +13,20 @@ token by token in its running batch (:mod:`.causal_batch`; not the pipeline).
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, ClassVar
 
 from transformers.models.auto.modeling_auto import AutoModelForCausalLM
 
+from ..engines.options import EngineOptions
 from ..parameters import Param
 from ..shared.text_models import max_length_of
 from ..tasks.generation import TEXT_GENERATION
 from .causal_batch import DecodeBatch, check_cache
 from .generator import GenerationModel, Prompt
 from .pieces import Answer
+from .prefix_cache import DEFAULT_PREFIX_CACHE_MB
+from .prefix_prefill import prefix_cache
 from .settings import MAX_NEW_TOKENS_CAP, Settings, cut_at_stop
 
 __all__ = ["TextGenerator"]
@@ -31,10 +35,26 @@ logger = logging.getLogger("batching")
 
 
 class TextGenerator(GenerationModel):
-    """text-generation from a local decoder-only model folder."""
+    """text-generation from a local decoder-only model folder.
+
+    :param prefix_cache_mb: the most memory the instance's prompt prefixes may hold
+        (:mod:`.prefix_cache`; 0: none kept).
+    """
 
     auto_class: ClassVar[Any] = AutoModelForCausalLM
     answer_key: ClassVar[str] = "generated_text"
+
+    def __init__(
+        self,
+        task: str,
+        path: str | os.PathLike[str],
+        engine: EngineOptions | None = None,
+        *,
+        prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB,
+    ) -> None:
+        super().__init__(task, path, engine)
+        #: The prompt prefixes the doors' requests leave (the scheduler's running batch).
+        self.prefixes = prefix_cache(prefix_cache_mb)
 
     def positions(self) -> int:
         """The longest sequence (prompt and new tokens) the model takes: the smaller of its
@@ -87,7 +107,15 @@ class TextGenerator(GenerationModel):
         if eos is None:
             eos = self._tokenizer.eos_token_id
         ends = [eos] if isinstance(eos, int) else list(eos or [])
-        return DecodeBatch(self._model, self._tokenizer, ends, self._prepare, self.answer)
+        batch = DecodeBatch(self._model, self._tokenizer, ends, self._prepare, self.answer)
+        batch.prefixes = self.prefixes
+        return batch
+
+    def direct_batch(self) -> DecodeBatch:
+        # The warm-up's texts are not worth keeping: its batch keeps no prefixes.
+        batch = self.decode_batch()
+        batch.prefixes = None
+        return batch
 
     def empty_input(self) -> list[int]:
         # An empty prompt starts from the beginning-of-text token, as GPT-2 was trained to.

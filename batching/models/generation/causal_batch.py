@@ -11,9 +11,10 @@ views of buffers this batch owns (:class:`_Window`: rows by columns, with room t
 
 - **join**: the newcomers of one turn are prefilled together, in one forward left-padded to
   the longest (an attention mask and position ids that count real tokens only: each row's
-  cache and first token are what it would get alone); their cache rows are copied into free
-  rows of the buffers, right-aligned with the batch's columns (the shorter side is padding,
-  hidden by the attention mask);
+  cache and first token are what it would get alone; what the instance keeps of their
+  prompts' prefixes is not computed again: :mod:`.prefix_prefill`); their cache rows are
+  copied into free rows of the buffers, right-aligned with the batch's columns (the shorter
+  side is padding, hidden by the attention mask);
 - **step**: one forward of the last token of every running row; each layer writes its new
   column into the buffers in place (no copy of the cache, which ``DynamicCache``'s own
   concatenation made at every step);
@@ -32,6 +33,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from .prefix_prefill import Prefill, Prefixes
 from .running import Prompt, Row, RunningBatchBase, pad
 
 __all__ = ["DecodeBatch", "cache_layers", "check_cache"]
@@ -151,6 +153,8 @@ class DecodeBatch(RunningBatchBase[tuple[DynamicCache, torch.Tensor]]):
 
     window: _Window
     cache: DynamicCache | None
+    #: The instance's prompt prefixes (:mod:`.prefix_cache`); None: none kept.
+    prefixes: Prefixes | None = None
 
     def prefix_of(self, prompt: Prompt) -> list[int]:
         return prompt.ids
@@ -159,27 +163,37 @@ class DecodeBatch(RunningBatchBase[tuple[DynamicCache, torch.Tensor]]):
 
     def _prefill(self, rows: list[Row]) -> tuple[torch.Tensor, tuple[DynamicCache, torch.Tensor]]:
         """The newcomers in one forward, left-padded to the longest, with an attention mask
-        and position ids that count real tokens only."""
-        width = max(len(row.prompt.ids) for row in rows)
-        ids = [[self.pad] * (width - len(r.prompt.ids)) + r.prompt.ids for r in rows]
-        real = [[0] * (width - len(r.prompt.ids)) + [1] * len(r.prompt.ids) for r in rows]
-        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        mask = torch.tensor(real, dtype=torch.long, device=self.device)
-        cache = DynamicCache(config=self.model.config)
+        and position ids that count real tokens only; what the prefix cache holds of their
+        prompts is not computed again (:mod:`.prefix_prefill`)."""
+        logits, prefill = self._run([row.prompt.ids for row in rows])
+        return logits, (prefill.cache, prefill.mask)
+
+    def _run(self, prompts: list[list[int]], count: bool = True) -> tuple[torch.Tensor, Prefill]:
+        """One forward of ``prompts`` (after one of the prefixes several of them share and the
+        cache lacks); their new blocks kept. ``count``: their finds are counted."""
+        shared = self.prefixes.shared(prompts) if self.prefixes is not None else []
+        if shared:
+            # Prefixes several newcomers share and the cache lacks: computed once, first.
+            self._run(shared, count=False)
+        prefill = Prefill.of(
+            prompts, self.pad, self.prefixes, self.model.config, self.device, count=count
+        )
 
         def forward() -> Any:
             with torch.inference_mode():
                 return self.model(
-                    input_ids=input_ids,
-                    attention_mask=mask,
-                    position_ids=(mask.cumsum(dim=1) - 1).clamp(min=0),
-                    cache=cache,
+                    input_ids=prefill.input_ids,
+                    attention_mask=prefill.mask,
+                    position_ids=prefill.positions,
+                    cache=prefill.cache,
                     use_cache=True,
                     logits_to_keep=1,
                 )
 
-        output = self.threads.run(self.threads.prefills, len(rows), int(mask.numel()), forward)
-        return output.logits[:, -1], (cache, mask)
+        tokens = int(prefill.input_ids.numel())
+        output = self.threads.run(self.threads.prefills, len(prompts), tokens, forward)
+        prefill.keep(self.prefixes)
+        return output.logits[:, -1], prefill
 
     def _append(self, rows: list[Row], joined: tuple[DynamicCache, torch.Tensor]) -> None:
         """The newcomers' cache rows copied into free rows of the buffers, right-aligned with

@@ -129,6 +129,11 @@ class GenerationModel:
         """
         raise NotImplementedError
 
+    def direct_batch(self) -> RunningBatchBase[Any]:
+        """The running batch of a direct ``predict`` (the warm-up's): as the doors' by
+        default."""
+        return self.decode_batch()
+
     def answer(self, prompt: Prompt, new_ids: list[int]) -> Answer:
         """The answer to ``prompt`` from its row's new token ids."""
         completion = cut_at_stop(
@@ -178,7 +183,7 @@ class GenerationModel:
         if self._model is None:
             raise RuntimeError(f"{type(self).__name__}.predict called before load()")
         prompts = [self._prepare(index, item) for index, item in enumerate(inputs)]
-        return list(self.decode_batch().complete(prompts))
+        return list(self.direct_batch().complete(prompts))
 
     def _prepare(self, index: int, item: Any) -> Prompt:
         """``item`` tokenised and truncated by its rule.
