@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 __all__ = [
     "FEATURE_EXTRACTOR",
@@ -41,15 +40,16 @@ _ENTRIES: dict[str, tuple[str, ...]] = {
 _NAMES = {FEATURE_EXTRACTOR: "feature extractor", IMAGE_PROCESSOR: "image processor"}
 
 
-def _read(path: Path) -> Any:
+def _read(path: Path) -> object:
     try:
         with path.open(encoding="utf-8") as handle:
-            return json.load(handle)
+            document: object = json.load(handle)
     except (OSError, ValueError):
         return None
+    return document
 
 
-def processor_settings(folder: Path, kind: str) -> dict[str, Any] | None:
+def processor_settings(folder: Path, kind: str) -> dict[str, object] | None:
     """The settings of ``folder``'s processor of ``kind`` (:data:`FEATURE_EXTRACTOR` or
     :data:`IMAGE_PROCESSOR`), from where transformers takes them; None when it has none.
 
@@ -78,7 +78,7 @@ def missing_processor(folder: Path, kind: str, task: str) -> str:
     )
 
 
-def check_processor(folder: Path, kind: str, task: str) -> dict[str, Any]:
+def check_processor(folder: Path, kind: str, task: str) -> dict[str, object]:
     """``folder``'s processor settings of ``kind``, which ``task`` needs.
 
     :raises ValueError: one line naming both files, when the folder has neither.

@@ -20,9 +20,9 @@ every item to its 30 s window, as the pipeline pads one, so any items share its 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias, TypedDict
 
 import numpy as np
 import torch
@@ -33,7 +33,7 @@ from batching.errors import InvalidRequest
 from ..engines.options import EngineOptions
 from ..parameters import PARAMETERS_KEY, Param, TaskItem
 from ..processors import FEATURE_EXTRACTOR, processor_settings
-from ..shared.torch_models import WEIGHTS_LOADING, read_json, resolve_device
+from ..shared.torch_models import WEIGHTS_LOADING, read_config, resolve_device
 from ..shared.waveform import (
     Waveform,
     audio_bytes,
@@ -51,6 +51,8 @@ from ..tasks.audio import (
     CLASSIFY,
     CONTENT,
     DEFAULT_MAX_SECONDS,
+    MAX_RATE,
+    MIN_RATE,
 )
 
 __all__ = ["AUDIO_INPUT", "SAMPLES_INPUT", "AudioModel"]
@@ -61,6 +63,23 @@ WHISPER = "seq2seq_whisper"
 #: The metadata's inputs: a WAV or FLAC file, or mono float samples (a v2 FP32 tensor).
 AUDIO_INPUT = "audio"
 SAMPLES_INPUT = "samples"
+
+
+class Transcript(TypedDict):
+    """Speech recognition's answer to one input."""
+
+    text: str
+
+
+class Scored(TypedDict):
+    """One of audio classification's best labels."""
+
+    score: float
+    label: str
+
+
+#: One input's answer.
+Answer: TypeAlias = Transcript | list[Scored]
 
 
 class AudioModel:
@@ -91,10 +110,12 @@ class AudioModel:
         if not self.path.is_dir():
             raise ValueError(f"model folder {str(self.path)!r} does not exist")
         self.max_seconds = float(max_seconds)
-        self._config: dict[str, Any] = read_json(self.path / "config.json")
+        self._config = read_config(self.path / "config.json")
         extractor = processor_settings(self.path, FEATURE_EXTRACTOR) or {}
         #: The rate the feature extractor hears, known before loading (for the metadata).
-        self.rate = int(extractor.get("sampling_rate") or 16_000)
+        rate = extractor.get("sampling_rate")
+        self.rate = int(rate) if isinstance(rate, int | float | str) and rate else 16_000
+        # transformers' pipeline, whose methods are untyped.
         self._pipeline: Any = None
         self._device = torch.device("cpu")
         # Padding cannot change an answer only when the feature encoder normalises each frame.
@@ -125,18 +146,18 @@ class AudioModel:
             self.max_seconds = min(self.max_seconds, float(window))
         self._pipeline = pipe
 
-    def predict(self, inputs: list[Any]) -> list[Any]:
+    def predict(self, inputs: Sequence[object]) -> list[Answer]:
         if self._pipeline is None:
             raise RuntimeError("AudioModel.predict called before load()")
         waves = [self._waveform(item) for item in inputs]
-        outputs: list[Any] = [None] * len(inputs)
+        outputs: dict[int, Answer] = {}
         for positions in self._groups(waves):
             answers = self._run([waves[index].samples for index in positions])
             for index, answer in zip(positions, answers, strict=True):
                 outputs[index] = self._answer(answer, inputs[index])
-        return outputs
+        return [outputs[index] for index in range(len(inputs))]
 
-    def _waveform(self, item: Any) -> Waveform:
+    def _waveform(self, item: object) -> Waveform:
         """The item's audio, mono at the model's rate.
 
         :raises InvalidRequest: undecodable audio, a string that is not base64, or a
@@ -146,6 +167,10 @@ class AudioModel:
         value, given = item, None
         if isinstance(item, TaskItem):
             value, given = item.input, item.get("sampling_rate")
+        if given is not None and not isinstance(given, int):
+            raise InvalidRequest(
+                f"parameter 'sampling_rate' must be an integer from {MIN_RATE} to {MAX_RATE} Hz"
+            )
         if isinstance(value, dict):
             # The doors' items: {"audio": file bytes} or {"samples": numbers}, exactly one.
             if len(value) != 1 or not set(value) <= {AUDIO_INPUT, SAMPLES_INPUT}:
@@ -186,7 +211,7 @@ class AudioModel:
         pipe = self._pipeline
         if self._whisper:
             return self._generate(batch)
-        extract: dict[str, Any] = {"sampling_rate": self.rate, "return_tensors": "pt"}
+        extract: dict[str, object] = {"sampling_rate": self.rate, "return_tensors": "pt"}
         if self.task == ASR or (self._pads and len(batch) > 1):
             extract["return_attention_mask"] = True
         if len(batch) > 1:
@@ -218,7 +243,7 @@ class AudioModel:
         tokens = pipe.forward(inputs, **pipe._forward_params)["tokens"]
         return [tokens[index : index + 1] for index in range(len(batch))]
 
-    def _answer(self, output: torch.Tensor, item: Any) -> Any:
+    def _answer(self, output: torch.Tensor, item: object) -> Answer:
         pipe = self._pipeline
         if self._whisper:
             # The pipeline's own decoding of one item's ids (special tokens and timestamps).
@@ -245,7 +270,7 @@ class AudioModel:
             for score, index in zip(scores.tolist(), ids.tolist(), strict=True)
         ]
 
-    def warmup_inputs(self, max_batch_size: int) -> list[list[Any]]:
+    def warmup_inputs(self, max_batch_size: int) -> list[list[Mapping[str, np.ndarray] | bytes]]:
         """A second of a 440 Hz sine: as samples at batch 1 (the batch a server's default
         parameters, such as a ``sampling_rate`` for samples, are also tried on), and as a WAV
         file, decoded and heard, at the batch cap."""
@@ -254,8 +279,8 @@ class AudioModel:
     def _parameters(self) -> tuple[Param, ...]:
         return AUDIO_CLASSIFICATION if self.task == CLASSIFY else AUTOMATIC_SPEECH_RECOGNITION
 
-    def metadata(self) -> dict[str, Any]:
-        described: dict[str, Any] = {
+    def metadata(self) -> dict[str, object]:
+        described: dict[str, object] = {
             # Each item is one of them: a file, or samples at the request's sampling_rate.
             "inputs": [
                 {
@@ -280,8 +305,9 @@ class AudioModel:
             "max_audio_seconds": self.max_seconds,
         }
         if self.task == CLASSIFY:
-            id2label = self._config.get("id2label") or {}
-            labels = [str(id2label[key]) for key in sorted(id2label, key=int)]
+            id2label = self._config.get("id2label")
+            by_index = id2label if isinstance(id2label, dict) else {}
+            labels = [str(by_index[key]) for key in sorted(by_index, key=int)]
             if labels:
                 described["labels"] = labels
         return described

@@ -9,9 +9,15 @@ prompt length (requests with different prompts share batches).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias, overload
 
 import numpy as np
+
+if TYPE_CHECKING:  # annotations only: torch tensors are pooled without importing torch
+    import torch
+
+    #: What pooling takes: numpy arrays, or torch tensors (on any device).
+    Values: TypeAlias = np.ndarray | torch.Tensor
 
 #: Every mode ``1_Pooling/config.json`` may name.
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
@@ -36,23 +42,37 @@ def exclude_prompt(mask: np.ndarray, prompt_lengths: np.ndarray) -> np.ndarray:
     return np.where(cut, 0, mask)
 
 
-def _array(value: Any) -> np.ndarray:
+def _array(value: Values) -> np.ndarray:
     """A numpy array of ``value`` (a numpy array, or a torch tensor on any device)."""
     if isinstance(value, np.ndarray):
         return value
-    if hasattr(value, "detach"):  # a torch tensor: float32 on the CPU, without importing torch
-        if value.is_floating_point():
-            value = value.float()
-        return np.asarray(value.detach().cpu().numpy())
-    return np.asarray(value)
+    # A torch tensor: float32 on the CPU, without importing torch.
+    if value.is_floating_point():
+        value = value.float()
+    return np.asarray(value.detach().cpu().numpy())
+
+
+@overload
+def pool(
+    hidden: np.ndarray, mask: Values, modes: Sequence[str], prompt_lengths: Values | None = None
+) -> np.ndarray: ...
+
+
+@overload
+def pool(
+    hidden: torch.Tensor,
+    mask: Values,
+    modes: Sequence[str],
+    prompt_lengths: Values | None = None,
+) -> torch.Tensor: ...
 
 
 def pool(
-    hidden: Any,
-    mask: Any,
+    hidden: Values,
+    mask: Values,
     modes: Sequence[str],
-    prompt_lengths: Any | None = None,
-) -> Any:
+    prompt_lengths: Values | None = None,
+) -> Values:
     """The pooled vectors ``[batch, dim * len(modes)]`` of ``hidden`` ``[batch, seq, dim]``, in
     numpy (float32); torch tensors in give a torch tensor out.
 
@@ -60,7 +80,6 @@ def pool(
     :param prompt_lengths: per row, prompt tokens to leave out (``include_prompt: false``);
         None keeps every token.
     """
-    tensor = not isinstance(hidden, np.ndarray) and hasattr(hidden, "detach")
     values = _array(hidden).astype(np.float32, copy=False)
     original = _array(mask)
     kept = original
@@ -71,12 +90,12 @@ def pool(
     vectors = [_one(mode, values, kept, original) for mode in modes]
     pooled = vectors[0] if len(vectors) == 1 else np.concatenate(vectors, axis=-1)
     pooled = np.ascontiguousarray(pooled, dtype=np.float32)
-    if tensor:
+    if not isinstance(hidden, np.ndarray):
         return _to_tensor(pooled, hidden)
     return pooled
 
 
-def _to_tensor(array: np.ndarray, like: Any) -> Any:
+def _to_tensor(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
     import torch  # only when torch tensors came in: torch is loaded already
 
     return torch.from_numpy(array).to(like.device)

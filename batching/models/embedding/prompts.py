@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 __all__ = [
     "PROMPTS_FILE",
@@ -111,7 +110,7 @@ def _declared(folder: Path, label: str) -> tuple[dict[str, str], str | None]:
     if not path.is_file():
         return {}, None
     try:
-        data: Any = json.loads(path.read_text(encoding="utf-8"))
+        data: object = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise PromptConfigError(f"{label}/{PROMPTS_FILE} cannot be read: {exc}") from None
     if not isinstance(data, dict):

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..default import DEFAULT_MODEL_NAME, default_model_path
 from ..engines.job import EngineJob
@@ -28,6 +30,7 @@ from ..items import (
     DecodeItem,
     EmbedItem,
     TokenizeItem,
+    Tokens,
     TokenVectors,
 )
 from ..protocol import warmup_batches
@@ -35,7 +38,7 @@ from ..shared.text_models import (
     LazyCounter,
     TokenCounter,
     calibration_texts,
-    read_json,
+    read_config,
     warmup_text,
 )
 from . import tokenizing
@@ -51,6 +54,12 @@ from .quantize import (
 from .sentence_modules import SentenceModules
 from .tokenizer_json import FILE as TOKENIZER_JSON
 from .tokenizer_json import JsonTokenizer, matches
+from .tokenizing import Batch
+
+if TYPE_CHECKING:  # annotations only: a server whose engine is not torch never loads them
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from .tokenizing import TextTokenizer
 
 __all__ = ["SentenceEmbedder"]
 
@@ -59,6 +68,13 @@ _CALIBRATION_BATCH = 32
 #: Prompt lengths remembered (prompts come from the folder's list and the operator's default,
 #: so a handful; the bound only keeps a stream of distinct prompts from growing the cache).
 _PROMPT_CACHE = 256
+
+#: What a measuring child process rebuilds the model from: ``SentenceEmbedder``'s arguments.
+_Arguments: TypeAlias = tuple[
+    "str | os.PathLike[str] | None", "int | None", "EngineOptions | None", "PromptOptions | None"
+]
+#: One item's output, for a batch holding option items.
+_Output: TypeAlias = "NDArray[np.generic] | TokenVectors | Tokens | str"
 
 
 class SentenceEmbedder:
@@ -100,7 +116,7 @@ class SentenceEmbedder:
         prompt: PromptOptions | None = None,
     ) -> None:
         # What a measuring child process rebuilds this model from.
-        self._arguments = (path, max_seq_length, engine, prompt)
+        self._arguments: _Arguments = (path, max_seq_length, engine, prompt)
         if path is None:
             self.path = default_model_path()
             self.name = DEFAULT_MODEL_NAME
@@ -112,9 +128,9 @@ class SentenceEmbedder:
         if max_seq_length is not None and max_seq_length < 1:
             raise ValueError(f"max_seq_length must be positive, not {max_seq_length}")
 
-        self._config: dict[str, Any] = read_json(self.path / "config.json")
+        self._config = read_config(self.path / "config.json")
         st_config_path = self.path / "sentence_bert_config.json"
-        st_config = read_json(st_config_path) if st_config_path.is_file() else {}
+        st_config = read_config(st_config_path) if st_config_path.is_file() else {}
         self._lowercase = bool(st_config.get("do_lower_case", False))
         # The length is resolved against the tokenizer and the position table on first use:
         # the folder's (or the operator's) max_seq_length when it is the smallest.
@@ -133,8 +149,8 @@ class SentenceEmbedder:
         self.engine = engine or EngineOptions(engine="torch", precision="fp32")
         self._device = "cpu"
         self._model: EnginePlan | None = None
-        self._tokenizer: Any = None
-        self._transformers_tokenizer: Any = None
+        self._tokenizer: TextTokenizer | None = None
+        self._transformers_tokenizer: PreTrainedTokenizerBase | None = None
         self._quantization: Calibration | None = None
         self._prompt_lengths: dict[str, int] = {}
 
@@ -145,7 +161,7 @@ class SentenceEmbedder:
     def _token_counter(self) -> TokenCounter:
         return self._counting.counter(self._counting_tokenizer)
 
-    def _counting_tokenizer(self) -> Any:
+    def _counting_tokenizer(self) -> JsonTokenizer | None:
         """The counter's own tokenizer object (it changes its backend's settings): the
         folder's tokenizer.json where this model tokenises with it, or (unloaded: the server's
         counting object) where its engine is not torch, which would load transformers; None:
@@ -203,7 +219,7 @@ class SentenceEmbedder:
         ]
         return kept_calibration(self._model.cache_folder, key, self._calibration_vectors)
 
-    def _job(self, measure_apart: Any) -> EngineJob:
+    def _job(self, measure_apart: Callable[[bool], None] | None) -> EngineJob:
         return EngineJob(
             options=self.engine,
             folder=self.path,
@@ -224,7 +240,7 @@ class SentenceEmbedder:
         (what the measuring child process runs)."""
         measure_engines(self._job(None), force)
 
-    def _reference_tokenizer(self) -> Any:
+    def _reference_tokenizer(self) -> PreTrainedTokenizerBase:
         """transformers' tokenizer of the folder (it imports torch): the reference, and what
         tokenises when the folder's tokenizer.json cannot."""
         if self._transformers_tokenizer is None:
@@ -233,7 +249,8 @@ class SentenceEmbedder:
             self._transformers_tokenizer = transformers.AutoTokenizer.from_pretrained(
                 str(self.path)
             )
-        return self._transformers_tokenizer
+        tokenizer: PreTrainedTokenizerBase = self._transformers_tokenizer
+        return tokenizer
 
     def _input_names(self) -> tuple[str, ...]:
         return tuple(self._reference_tokenizer()(["a"], return_tensors="np").keys())
@@ -258,14 +275,14 @@ class SentenceEmbedder:
         vectors[order] = ran
         return vectors
 
-    def _load_encoder(self) -> Any:
+    def _load_encoder(self) -> PreTrainedModel:
         import transformers
 
         from ..shared.torch_models import load_eval
 
         return load_eval(transformers.AutoModel, self.path, self._device)
 
-    def _encode(self, texts: list[str]) -> Any:
+    def _encode(self, texts: list[str]) -> Batch:
         texts = [text.lower() for text in texts] if self._lowercase else texts
         tokenizer = self._tokenizer if self._tokenizer is not None else self._reference_tokenizer()
         return tokenizer(
@@ -276,25 +293,26 @@ class SentenceEmbedder:
             return_tensors="np",
         )
 
-    def _calibration(self) -> list[Any]:
+    def _calibration(self) -> list[Batch]:
         texts = calibration_texts(self.max_seq_length, self._default_prompt)
         return [self._encode(texts), self._encode(texts[-1:])]
 
-    def _sample(self, size: int) -> Any:
+    def _sample(self, size: int) -> Batch:
         return self._encode([warmup_text(self.max_seq_length)] * size)
 
-    def _view(self, hidden: Any, encoded: Any) -> np.ndarray:
+    def _view(self, hidden: object, encoded: Batch) -> np.ndarray:
         return self.modules.vectors(_array(hidden), np.asarray(encoded["attention_mask"]), None)
 
-    def predict(self, inputs: list[Any]) -> Any:
+    def predict(self, inputs: Sequence[object]) -> np.ndarray | list[_Output]:
         if self._model is None:
             raise RuntimeError("SentenceEmbedder.predict called before load()")
-        if not all(isinstance(item, str) for item in inputs):
+        plain = [item for item in inputs if isinstance(item, str)]
+        if len(plain) != len(inputs):
             return self._predict_items(inputs)
         if not inputs:
             return np.zeros((0, max(self.dimension, 0)), dtype=np.float32)
         prompt = self._default_prompt
-        texts = [prompt + text for text in inputs] if prompt else inputs
+        texts = [prompt + text for text in plain] if prompt else plain
         encoded = self._encode(texts)
         hidden = _array(self._model(encoded))
         lengths = None
@@ -302,9 +320,9 @@ class SentenceEmbedder:
             lengths = self._prompt_lengths_of([prompt] * len(texts))
         return self.modules.vectors(hidden, np.asarray(encoded["attention_mask"]), lengths)
 
-    def _predict_items(self, inputs: list[Any]) -> list[Any]:
+    def _predict_items(self, inputs: Sequence[object]) -> list[_Output]:
         """One output per item, for a batch holding option items (or anything but a str)."""
-        outputs: list[Any] = [None] * len(inputs)
+        outputs: list[_Output] = [""] * len(inputs)
         rows: list[tuple[int, EmbedItem]] = []
         for index, item in enumerate(inputs):
             if isinstance(item, str):
@@ -313,9 +331,9 @@ class SentenceEmbedder:
                 self.modules.check(item, self.name)
                 rows.append((index, item))
             elif isinstance(item, TokenizeItem):
-                outputs[index] = tokenizing.tokenize(self._tokenizer, item, self._lowercase)
+                outputs[index] = tokenizing.tokenize(self._loaded(), item, self._lowercase)
             elif isinstance(item, DecodeItem):
-                outputs[index] = tokenizing.decode(self._tokenizer, item)
+                outputs[index] = tokenizing.decode(self._loaded(), item)
             else:
                 raise TypeError(
                     f"input {index} is {type(item).__name__}, expected a string or an item"
@@ -327,7 +345,13 @@ class SentenceEmbedder:
                 outputs[index] = output
         return outputs
 
-    def _embed(self, items: list[EmbedItem]) -> list[Any]:
+    def _loaded(self) -> TextTokenizer:
+        tokenizer = self._tokenizer
+        if tokenizer is None:
+            raise RuntimeError("SentenceEmbedder.predict called before load()")
+        return tokenizer
+
+    def _embed(self, items: list[EmbedItem]) -> list[_Output]:
         assert self._model is not None
         texts = [item.prompt + item.text for item in items]
         texts = [text.lower() for text in texts] if self._lowercase else texts
@@ -335,13 +359,11 @@ class SentenceEmbedder:
         needs_lengths = not self.include_prompt or any(item.truncate_left for item in items)
         lengths = self._prompt_lengths_of(prompts) if needs_lengths else None
         left = [item.truncate_left for item in items]
-        encoded = tokenizing.encode_batch(
-            self._tokenizer, texts, left, lengths, self.max_seq_length
-        )
+        encoded = tokenizing.encode_batch(self._loaded(), texts, left, lengths, self.max_seq_length)
         hidden = _array(self._model(encoded))
         mask = np.asarray(encoded["attention_mask"])
         pooled = self.modules.vectors(hidden, mask, lengths)
-        outputs: list[Any] = []
+        outputs: list[_Output] = []
         for row, item in enumerate(items):
             if item.output == "tokens":
                 real = mask[row].astype(bool)
@@ -371,10 +393,10 @@ class SentenceEmbedder:
             known.clear()
         for prompt in set(prompts) - known.keys():
             text = prompt.lower() if self._lowercase else prompt
-            known[prompt] = tokenizing.prompt_length(self._tokenizer, text)
+            known[prompt] = tokenizing.prompt_length(self._loaded(), text)
         return np.array([known[prompt] for prompt in prompts], dtype=np.int64)
 
-    def _text(self, item: Any) -> str | None:
+    def _text(self, item: object) -> str | None:
         """What ``item`` tokenises to (prompt included), lower-cased as the model reads it."""
         if isinstance(item, str):
             text = self._default_prompt + item if self._default_prompt else item
@@ -384,26 +406,26 @@ class SentenceEmbedder:
             return None
         return text.lower() if self._lowercase else text
 
-    def count_tokens(self, item: Any) -> int:
+    def count_tokens(self, item: object) -> int:
         """Tokens ``item`` costs in a batch (its prompt and special tokens included), capped at
         the max length; a :class:`DecodeItem` costs its ids."""
         text = self._text(item)
         if text is None:
-            return max(1, min(len(getattr(item, "ids", ())), self.max_seq_length))
+            return max(1, min(len(_ids_of(item)), self.max_seq_length))
         return self._token_counter().count(text)
 
-    def token_length(self, item: Any, limit: int) -> int:
+    def token_length(self, item: object, limit: int) -> int:
         """Tokens ``item`` has before truncation (prompt and special tokens included), counted
         no further than ``limit``."""
         text = self._text(item)
         if text is None:
-            return min(len(getattr(item, "ids", ())), limit)
+            return min(len(_ids_of(item)), limit)
         return self._token_counter().length(text, limit)
 
     def warmup_inputs(self, max_batch_size: int) -> list[list[str]]:
         return warmup_batches(warmup_text(self.max_seq_length), max_batch_size)
 
-    def metadata(self) -> dict[str, Any]:
+    def metadata(self) -> dict[str, object]:
         quantization = self._quantization
         return {
             "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
@@ -437,17 +459,26 @@ class SentenceEmbedder:
         }
 
 
-def _array(output: Any) -> np.ndarray:
+def _ids_of(item: object) -> Sequence[int]:
+    """The ids of a :class:`DecodeItem` (what it costs); none for anything else."""
+    return item.ids if isinstance(item, DecodeItem) else ()
+
+
+def _array(output: object) -> np.ndarray:
     """An engine's output as a float32 numpy array (a torch runner returns a tensor)."""
     if isinstance(output, np.ndarray):
         return output if output.dtype == np.float32 else output.astype(np.float32)
+    import torch  # a torch runner answered: torch is loaded already
+
+    if not isinstance(output, torch.Tensor):
+        raise TypeError(f"an engine answered {type(output).__name__}, not an array")
     return np.asarray(output.detach().float().cpu().numpy())
 
 
-def _measure(arguments: tuple[Any, ...], force: bool) -> None:
+def _measure(arguments: _Arguments, force: bool) -> None:
     SentenceEmbedder(*arguments).measure(force)
 
 
-def _measure_apart(arguments: tuple[Any, ...], force: bool) -> None:
+def _measure_apart(arguments: _Arguments, force: bool) -> None:
     """Measure the engines of the model built from ``arguments`` in a child process."""
     run_apart(functools.partial(_measure, arguments, force))

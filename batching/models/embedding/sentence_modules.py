@@ -11,16 +11,16 @@ numpy; no torch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from batching.errors import UnprocessableInput
 
 from ..items import ENCODINGS, EmbedItem
-from ..shared.text_models import read_json
+from ..shared.text_models import read_config, read_json
 from .pooling import LEGACY_POOLING_FLAGS, POOLING_MODES, pool
 
 __all__ = ["SentenceModules"]
@@ -43,14 +43,14 @@ class SentenceModules:
     dimension: int
 
     @classmethod
-    def read(cls, folder: Path, config: dict[str, Any]) -> SentenceModules:
+    def read(cls, folder: Path, config: Mapping[str, object]) -> SentenceModules:
         """The modules of ``folder``, whose ``config.json`` is ``config``.
 
         :raises ValueError: a module or pooling mode that is not supported, naming it.
         """
         pooling_dir, normalize = _read_modules(folder)
         pooling_path = folder / pooling_dir / "config.json"
-        pooling = read_json(pooling_path) if pooling_path.is_file() else {}
+        pooling = read_config(pooling_path) if pooling_path.is_file() else {}
         modes = _pooling_modes(folder, pooling)
         width = pooling.get("word_embedding_dimension") or pooling.get("embedding_dimension")
         if not isinstance(width, int):
@@ -103,10 +103,13 @@ def _read_modules(folder: Path) -> tuple[str, bool]:
     if not modules_path.is_file():
         return "1_Pooling", True
     pooling_dir, normalize = "1_Pooling", False
-    for module in read_json(modules_path):
-        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+    modules = read_json(modules_path)
+    for module in modules if isinstance(modules, list) else ():
+        entry: Mapping[str, object] = module if isinstance(module, dict) else {}
+        kind = str(entry.get("type", "")).rsplit(".", 1)[-1]
         if kind == "Pooling":
-            pooling_dir = module.get("path") or pooling_dir
+            path = entry.get("path")
+            pooling_dir = path if isinstance(path, str) and path else pooling_dir
         elif kind == "Normalize":
             normalize = True
         elif kind != "Transformer":
@@ -117,7 +120,7 @@ def _read_modules(folder: Path) -> tuple[str, bool]:
     return pooling_dir, normalize
 
 
-def _pooling_modes(folder: Path, pooling: dict[str, Any]) -> tuple[str, ...]:
+def _pooling_modes(folder: Path, pooling: Mapping[str, object]) -> tuple[str, ...]:
     mode = pooling.get("pooling_mode")
     if isinstance(mode, str):
         modes: tuple[str, ...] = (mode,)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TypeAlias
 
 import numpy as np
 import torch
 import transformers
+from transformers import BatchEncoding, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..engines.job import EngineJob
 from ..engines.options import EngineOptions
@@ -24,7 +25,7 @@ from ..shared.torch_models import (
     calibration_texts,
     encode,
     load_eval,
-    read_json,
+    read_config,
     resolve_device,
     to_numpy,
     warmup_text,
@@ -33,6 +34,9 @@ from . import tokenizing
 from .splade import SpladeLayout, read_layout
 
 __all__ = ["SparseEmbedder"]
+
+#: What an item tokenises (prompt included), and its prompt when it is cut at its start.
+_Prepared: TypeAlias = tuple[str, str | None]
 
 
 class SparseEmbedder:
@@ -63,13 +67,13 @@ class SparseEmbedder:
         self.name = self.path.resolve().name
         self.layout: SpladeLayout = read_layout(self.path)
         self._folder = self.layout.transformer
-        self._config: dict[str, Any] = read_json(self._folder / "config.json")
+        self._config = read_config(self._folder / "config.json")
         vocab = self._config.get("vocab_size")
         self.vocab_size: int = vocab if isinstance(vocab, int) else -1
         self.engine = engine or EngineOptions(engine="torch", precision="fp32")
         self._device = torch.device("cpu")
         self._plan: EnginePlan | None = None
-        self._tokenizer: Any = None
+        self._tokenizer: PreTrainedTokenizerBase | None = None
         self._counting = LazyCounter(self._folder, self.layout.max_seq_length)
 
     @property
@@ -81,8 +85,8 @@ class SparseEmbedder:
 
     def load(self, device: str) -> None:
         self._device = resolve_device(device)
-        self._tokenizer = transformers.AutoTokenizer.from_pretrained(str(self._folder))
-        self._counting.resolve(self._tokenizer, self._config)
+        tokenizer = self._tokenizer = transformers.AutoTokenizer.from_pretrained(str(self._folder))
+        self._counting.resolve(tokenizer, self._config)
         self._plan = select_engine(
             EngineJob(
                 options=self.engine,
@@ -90,7 +94,7 @@ class SparseEmbedder:
                 head="masked-lm",
                 measure="embedding",
                 device=str(self._device),
-                input_names=tuple(self._tokenizer(["a"], return_tensors="pt").keys()),
+                input_names=tuple(tokenizer(["a"], return_tensors="pt").keys()),
                 load_reference=self._load_reference,
                 view=self._view,
                 calibration=self._calibration,
@@ -98,10 +102,15 @@ class SparseEmbedder:
             )
         )
 
-    def _load_reference(self) -> Any:
+    def _loaded(self) -> PreTrainedTokenizerBase:
+        if self._tokenizer is None:
+            raise RuntimeError("SparseEmbedder used before load()")
+        return self._tokenizer
+
+    def _load_reference(self) -> PreTrainedModel:
         return load_eval(transformers.AutoModelForMaskedLM, self._folder, self._device)
 
-    def _text(self, item: Any) -> tuple[str, str | None]:
+    def _text(self, item: object) -> _Prepared:
         """What ``item`` tokenises (prompt included), and its prompt when it is cut at its
         start (None: cut at its end)."""
         if isinstance(item, str):
@@ -117,25 +126,26 @@ class SparseEmbedder:
             return text.lower(), None if prompt is None else prompt.lower()
         return text, prompt
 
-    def _encode(self, texts: Sequence[str]) -> Any:
-        return encode(self._tokenizer, texts, self.max_seq_length, self._device)
+    def _encode(self, texts: Sequence[str]) -> BatchEncoding:
+        return encode(self._loaded(), texts, self.max_seq_length, self._device)
 
-    def _encode_left(self, texts: Sequence[str], prompts: Sequence[str]) -> Any:
+    def _encode_left(self, texts: Sequence[str], prompts: Sequence[str]) -> BatchEncoding:
         """Cut at their start, keeping each text's prompt and the special tokens, as the
         sentence embedder does (:func:`~batching.models.embedding.tokenizing.encode_left`)."""
-        lengths = [tokenizing.prompt_length(self._tokenizer, prompt) for prompt in prompts]
-        rows = tokenizing.encode_left(self._tokenizer, texts, lengths, self.max_seq_length)
-        padded = self._tokenizer.pad(rows, padding=True, return_tensors="pt")
+        tokenizer = self._loaded()
+        lengths = [tokenizing.prompt_length(tokenizer, prompt) for prompt in prompts]
+        rows = tokenizing.encode_left(tokenizer, texts, lengths, self.max_seq_length)
+        padded = tokenizer.pad(rows, padding=True, return_tensors="pt")
         return padded.to(self._device) if self._device.type != "cpu" else padded
 
-    def _calibration(self) -> list[Any]:
+    def _calibration(self) -> list[BatchEncoding]:
         texts = calibration_texts(self.max_seq_length)
         return [self._encode(texts), self._encode(texts[-1:])]
 
-    def _sample(self, size: int) -> Any:
+    def _sample(self, size: int) -> BatchEncoding:
         return self._encode([warmup_text(self.max_seq_length)] * size)
 
-    def _view(self, logits: torch.Tensor, encoded: Any) -> np.ndarray:
+    def _view(self, logits: torch.Tensor, encoded: BatchEncoding) -> np.ndarray:
         with torch.inference_mode():
             return to_numpy(self._pool(logits, encoded["attention_mask"]))
 
@@ -158,27 +168,23 @@ class SparseEmbedder:
         kept = torch.zeros_like(pooled)
         return kept.scatter(-1, top, pooled.gather(-1, top))
 
-    def predict(self, inputs: list[Any]) -> list[SparseVector]:
+    def predict(self, inputs: Sequence[object]) -> list[SparseVector]:
         if self._plan is None:
             raise RuntimeError("SparseEmbedder.predict called before load()")
         prepared = [self._text(item) for item in inputs]
-        outputs: list[SparseVector | None] = [None] * len(inputs)
         right = [i for i, (_, prompt) in enumerate(prepared) if prompt is None]
-        left = [i for i, (_, prompt) in enumerate(prepared) if prompt is not None]
+        left = [(i, prompt) for i, (_, prompt) in enumerate(prepared) if prompt is not None]
+        vectors: dict[int, SparseVector] = {}
         if right:
             encoded = self._encode([prepared[i][0] for i in right])
-            for position, vector in zip(right, self._vectors(encoded), strict=True):
-                outputs[position] = vector
+            vectors.update(zip(right, self._vectors(encoded), strict=True))
         if left:
-            texts = [prepared[i][0] for i in left]
-            encoded = self._encode_left(texts, [str(prepared[i][1]) for i in left])
-            for position, vector in zip(left, self._vectors(encoded), strict=True):
-                outputs[position] = vector
-        missing = [position for position, vector in enumerate(outputs) if vector is None]
-        assert not missing, f"no sparse vector for items {missing}"
-        return cast(list[SparseVector], outputs)
+            texts = [prepared[i][0] for i, _ in left]
+            encoded = self._encode_left(texts, [prompt for _, prompt in left])
+            vectors.update(zip((i for i, _ in left), self._vectors(encoded), strict=True))
+        return [vectors[position] for position in range(len(inputs))]
 
-    def _vectors(self, encoded: Any) -> list[SparseVector]:
+    def _vectors(self, encoded: BatchEncoding) -> list[SparseVector]:
         with torch.inference_mode():
             assert self._plan is not None
             pooled = self._keep_largest(self._pool(self._plan(encoded), encoded["attention_mask"]))
@@ -186,23 +192,23 @@ class SparseEmbedder:
         vectors = []
         for row in dense:
             indices = np.flatnonzero(row).astype(np.int64)
-            tokens = tuple(self._tokenizer.convert_ids_to_tokens(indices.tolist()))
+            tokens = tuple(self._loaded().convert_ids_to_tokens(indices.tolist()))
             vectors.append(SparseVector(indices, row[indices].astype(np.float32), tokens))
         return vectors
 
-    def count_tokens(self, item: Any) -> int:
+    def count_tokens(self, item: object) -> int:
         """Tokens ``item`` costs in a batch (prompt and special tokens included), capped at
         the max length."""
         return self._token_counter().count(self._text(item)[0])
 
-    def token_length(self, item: Any, limit: int) -> int:
+    def token_length(self, item: object, limit: int) -> int:
         """Tokens ``item`` has before truncation, counted no further than ``limit``."""
         return self._token_counter().length(self._text(item)[0], limit)
 
     def warmup_inputs(self, max_batch_size: int) -> list[list[str]]:
         return warmup_batches(warmup_text(self.max_seq_length), max_batch_size)
 
-    def metadata(self) -> dict[str, Any]:
+    def metadata(self) -> dict[str, object]:
         layout = self.layout
         return {
             "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],

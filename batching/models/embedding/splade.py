@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 __all__ = [
     "SPARSE_TASK",
@@ -70,7 +69,7 @@ class SpladeLayout:
         return self.prompts.get(self.default_prompt_name, "")
 
 
-def _read(path: Path) -> Any:
+def _read(path: Path) -> object:
     try:
         with path.open(encoding="utf-8") as handle:
             return json.load(handle)
@@ -78,7 +77,7 @@ def _read(path: Path) -> Any:
         raise ValueError(f"{path.parent.name}/{path.name} cannot be read as JSON: {exc}") from None
 
 
-def _kind(module: Any) -> str:
+def _kind(module: object) -> str:
     return str(module.get("type", "")).rsplit(".", 1)[-1] if isinstance(module, dict) else ""
 
 
@@ -86,21 +85,15 @@ def is_sparse_folder(folder: Path) -> bool:
     """Whether a sentence-transformers folder is a SparseEncoder's (its ``modules.json``
     names a sparse module, or its config says ``model_type: SparseEncoder``)."""
     modules_path = folder / "modules.json"
-    if modules_path.is_file():
-        try:
-            modules = _read(modules_path)
-        except ValueError:
-            return False
+    st_config = folder / "config_sentence_transformers.json"
+    try:
+        modules = _read(modules_path) if modules_path.is_file() else None
         if isinstance(modules, list) and any(_kind(m) in _SPARSE_MODULES for m in modules):
             return True
-    st_config = folder / "config_sentence_transformers.json"
-    if st_config.is_file():
-        try:
-            document = _read(st_config)
-        except ValueError:
-            return False
-        return isinstance(document, dict) and document.get("model_type") == "SparseEncoder"
-    return False
+        document = _read(st_config) if st_config.is_file() else None
+    except ValueError:
+        return False
+    return isinstance(document, dict) and document.get("model_type") == "SparseEncoder"
 
 
 def read_layout(folder: Path) -> SpladeLayout:
@@ -138,7 +131,7 @@ def _require_masked_lm(folder: Path) -> None:
             )
 
 
-def _from_modules(folder: Path, modules: Any) -> SpladeLayout:
+def _from_modules(folder: Path, modules: object) -> SpladeLayout:
     if not isinstance(modules, list):
         raise ValueError(f"{folder.name}/modules.json is not a list of modules")
     kinds = [_kind(module) for module in modules]

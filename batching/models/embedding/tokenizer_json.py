@@ -15,14 +15,18 @@ answer is kept in the engine cache.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import NDArray
 from tokenizers import Encoding, Tokenizer
 
 from ..shared.text_models import NO_LIMIT
+
+if TYPE_CHECKING:  # annotations only: the reference is transformers' tokenizer
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["FILE", "JsonTokenizer", "matches"]
 
@@ -53,15 +57,15 @@ _CLEAN_UP = (
 )
 
 
-def _read(path: Path) -> dict[str, Any]:
+def _read(path: Path) -> dict[str, object]:
     if not path.is_file():
         return {}
     with path.open(encoding="utf-8") as handle:
-        data = json.load(handle)
+        data: object = json.load(handle)
     return data if isinstance(data, dict) else {}
 
 
-def _content(token: Any) -> str | None:
+def _content(token: object) -> str | None:
     if isinstance(token, str):
         return token
     if isinstance(token, dict) and isinstance(token.get("content"), str):
@@ -96,9 +100,10 @@ class JsonTokenizer:
         self.mask_token: str | None = named["mask_token"]
         self.pad_token: str | None = named["pad_token"]
         specials = [token for token in named.values() if token is not None]
+        additional = config.get("additional_special_tokens")
         specials += [
             token
-            for token in (_content(t) for t in config.get("additional_special_tokens") or ())
+            for token in (_content(t) for t in (additional if isinstance(additional, list) else ()))
             if token is not None
         ]
         ids = [backend.token_to_id(token) for token in specials]
@@ -146,7 +151,7 @@ class JsonTokenizer:
                 return row
             return self.pad([row], padding=True, return_tensors=return_tensors)
         texts = list(text)
-        inputs: list[Any] = (
+        inputs: list[str] | list[tuple[str, str]] = (
             texts if text_pair is None else list(zip(texts, list(text_pair), strict=True))
         )
         encodings = backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
@@ -156,8 +161,8 @@ class JsonTokenizer:
         return {key: [row[key] for row in rows] for key in rows[0]} if rows else {}
 
     @staticmethod
-    def _row(encoding: Encoding, offsets: bool) -> dict[str, Any]:
-        row: dict[str, Any] = {
+    def _row(encoding: Encoding, offsets: bool) -> dict[str, list[int] | list[tuple[int, int]]]:
+        row: dict[str, list[int] | list[tuple[int, int]]] = {
             "input_ids": list(encoding.ids),
             "token_type_ids": list(encoding.type_ids),
             "attention_mask": list(encoding.attention_mask),
@@ -168,14 +173,14 @@ class JsonTokenizer:
 
     def pad(
         self,
-        rows: Sequence[dict[str, Sequence[int]]],
+        rows: Sequence[Mapping[str, Sequence[int] | Sequence[tuple[int, int]]]],
         padding: bool = True,
         return_tensors: str | None = "np",
-    ) -> dict[str, Any]:
+    ) -> dict[str, NDArray[np.int64]]:
         """Rows padded to the longest, on the folder's padding side, as int64 arrays."""
         longest = max((len(row["input_ids"]) for row in rows), default=0)
         fill = {"input_ids": self.pad_token_id, "token_type_ids": 0, "attention_mask": 0}
-        out: dict[str, Any] = {}
+        out: dict[str, NDArray[np.int64]] = {}
         for key in ("input_ids", "token_type_ids", "attention_mask"):
             array = np.full((len(rows), longest), fill[key], dtype=np.int64)
             for index, row in enumerate(rows):
@@ -220,7 +225,7 @@ _PROBES = (
 )
 
 
-def matches(folder: Path, reference: Any, max_length: int) -> str | None:
+def matches(folder: Path, reference: PreTrainedTokenizerBase, max_length: int) -> str | None:
     """Whether :class:`JsonTokenizer` tokenises ``folder`` exactly as ``reference`` (the
     transformers tokenizer) does: ids, type ids, masks, padding, offsets, special ids,
     vocabulary size and decoding. None when it does; otherwise what differs."""
@@ -229,32 +234,31 @@ def matches(folder: Path, reference: Any, max_length: int) -> str | None:
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     texts = list(_PROBES)
-    theirs = reference(
-        texts, padding=True, truncation=True, max_length=max_length, return_tensors="np"
-    )
-    ours = mine(texts, padding=True, truncation=True, max_length=max_length, return_tensors="np")
-    for key in theirs:
-        if key not in ours or not np.array_equal(np.asarray(theirs[key]), ours[key]):
-            return f"batch {key} differ"
-    pairs = mine(
-        texts[:3],
-        texts[3:6],
-        padding=True,
-        truncation=True,
-        max_length=max_length,
-        return_tensors="np",
-    )
-    expected = reference(
-        texts[:3],
-        texts[3:6],
-        padding=True,
-        truncation=True,
-        max_length=max_length,
-        return_tensors="np",
-    )
-    for key in expected:
-        if not np.array_equal(np.asarray(expected[key]), pairs[key]):
-            return f"pairs' {key} differ"
+
+    def differs(*batch: list[str]) -> str | None:
+        """The first output (ids, mask, ...) that differs for ``batch`` (texts, or two lists:
+        pairs), padded and truncated, or None."""
+        theirs = reference(
+            *batch, padding=True, truncation=True, max_length=max_length, return_tensors="np"
+        )
+        ours = mine(
+            *batch, padding=True, truncation=True, max_length=max_length, return_tensors="np"
+        )
+        return next(
+            (
+                key
+                for key in theirs
+                if key not in ours or not np.array_equal(np.asarray(theirs[key]), ours[key])
+            ),
+            None,
+        )
+
+    key = differs(texts)
+    if key is not None:
+        return f"batch {key} differ"
+    key = differs(texts[:3], texts[3:6])
+    if key is not None:
+        return f"pairs' {key} differ"
     for text in texts[:7]:
         a = reference(text, truncation=False, return_offsets_mapping=True, verbose=False)
         b = mine(text, truncation=False, return_offsets_mapping=True)

@@ -8,19 +8,32 @@ Works on any transformers tokenizer object; imports no torch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
+from numpy.typing import NDArray
 
 from batching.errors import UnprocessableInput
 
 from ..items import DecodeItem, TokenizeItem, Tokens
 
-__all__ = ["decode", "encode_batch", "encode_left", "prompt_length", "tokenize"]
+if TYPE_CHECKING:  # annotations only: this module imports no transformers
+    from transformers import PreTrainedTokenizerBase
+
+    from .tokenizer_json import JsonTokenizer
+
+    #: What tokenises a text model's items: transformers' tokenizer, or the folder's
+    #: ``tokenizer.json`` read without transformers (:mod:`.tokenizer_json`).
+    TextTokenizer: TypeAlias = PreTrainedTokenizerBase | JsonTokenizer
+
+#: A padded batch as numpy arrays by name (``input_ids``, ``attention_mask``, ...).
+Batch: TypeAlias = Mapping[str, NDArray[np.int64]]
+
+__all__ = ["Batch", "decode", "encode_batch", "encode_left", "prompt_length", "tokenize"]
 
 
-def tokenize(tokenizer: Any, item: TokenizeItem, lowercase: bool = False) -> Tokens:
+def tokenize(tokenizer: TextTokenizer, item: TokenizeItem, lowercase: bool = False) -> Tokens:
     """``item``'s prompt + text as tokens, untruncated, as TEI's ``/tokenize`` gives them:
     per token its id, its text (the characters it covers; a special token's own spelling),
     whether it is special, and its ``[start, stop)`` character offsets in prompt + text
@@ -44,7 +57,7 @@ def tokenize(tokenizer: Any, item: TokenizeItem, lowercase: bool = False) -> Tok
     return Tokens(tuple(ids), texts, special, tuple(offsets))
 
 
-def decode(tokenizer: Any, item: DecodeItem) -> str:
+def decode(tokenizer: TextTokenizer, item: DecodeItem) -> str:
     """``item``'s ids as text.
 
     :raises UnprocessableInput: for an id outside the vocabulary.
@@ -53,11 +66,13 @@ def decode(tokenizer: Any, item: DecodeItem) -> str:
     bad = [token for token in item.ids if not 0 <= token < size]
     if bad:
         raise UnprocessableInput(f"token id {bad[0]} is outside the vocabulary (0 to {size - 1})")
-    text: str = tokenizer.decode(list(item.ids), skip_special_tokens=item.skip_special_tokens)
+    text = tokenizer.decode(list(item.ids), skip_special_tokens=item.skip_special_tokens)
+    if not isinstance(text, str):  # transformers' answer to a batch of id lists
+        raise TypeError(f"decoding one list of ids gave {type(text).__name__}, not a text")
     return text
 
 
-def prompt_length(tokenizer: Any, prompt: str) -> int:
+def prompt_length(tokenizer: TextTokenizer, prompt: str) -> int:
     """The tokens ``prompt`` takes at the start of a tokenised prompt + text, leading special
     tokens included: sentence-transformers' ``_get_prompt_length`` (the prompt tokenised
     alone, less a trailing special token)."""
@@ -70,7 +85,7 @@ def prompt_length(tokenizer: Any, prompt: str) -> int:
 
 
 def encode_left(
-    tokenizer: Any, texts: Sequence[str], prompts: Sequence[int], max_length: int
+    tokenizer: TextTokenizer, texts: Sequence[str], prompts: Sequence[int], max_length: int
 ) -> list[dict[str, list[int]]]:
     """``texts`` tokenised (unpadded) and cut at their start to ``max_length`` tokens, keeping
     the leading special tokens, each text's first ``prompts[i]`` tokens (its prompt, as
@@ -109,12 +124,12 @@ def encode_left(
 
 
 def encode_batch(
-    tokenizer: Any,
+    tokenizer: TextTokenizer,
     texts: Sequence[str],
     left: Sequence[bool],
-    prompts: Sequence[int] | np.ndarray | None,
+    prompts: Sequence[int] | NDArray[np.int64] | None,
     max_length: int,
-) -> Any:
+) -> Batch:
     """``texts`` as one padded numpy batch, each cut to ``max_length`` tokens at the end it
     asks for: at its start where ``left[i]`` (keeping its prompt, ``prompts[i]`` tokens, and
     the special tokens: :func:`encode_left`), else at its end."""
@@ -123,7 +138,7 @@ def encode_batch(
             list(texts), padding=True, truncation=True, max_length=max_length, return_tensors="np"
         )
     assert prompts is not None
-    rows: list[Any] = [None] * len(texts)
+    rows: list[dict[str, list[int]]] = [{} for _ in texts]
     lefts = [i for i, cut_left in enumerate(left) if cut_left]
     rights = [i for i, cut_left in enumerate(left) if not cut_left]
     cut = encode_left(

@@ -21,8 +21,8 @@ engines and precisions for this task at start-up).
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import torch
 import transformers
@@ -33,16 +33,41 @@ from ..parameters import PARAMETERS_KEY, TaskItem
 from ..processors import IMAGE_PROCESSOR, missing_processor
 from ..protocol import warmup_batches
 from ..shared.imaging import decode_image, sample_png
-from ..shared.torch_models import WEIGHTS_LOADING, resolve_device
+from ..shared.torch_models import WEIGHTS_LOADING, resolve_device, task_folder
 from ..tasks.images import IMAGE_CLASSIFICATION as PARAMETERS
 from ..tasks.images import TOP_K
 
-__all__ = ["IMAGE_CLASSIFICATION", "ImageClassifier", "image_inputs", "image_of", "resize_of"]
+if TYPE_CHECKING:
+    from PIL.Image import Image
+    from transformers.pipelines.image_classification import ClassificationFunction
+
+__all__ = [
+    "IMAGE_CLASSIFICATION",
+    "ImageClassifier",
+    "ImageProcessor",
+    "image_inputs",
+    "image_of",
+    "resize_of",
+]
 
 IMAGE_CLASSIFICATION = "image-classification"
 
 
-def image_of(item: Any, name: str = "image") -> bytes:
+class Label(TypedDict):
+    """One of an image's best labels."""
+
+    label: str
+    score: float
+
+
+class ImageProcessor(Protocol):
+    """What this package calls of a transformers image processor: one image to its tensors
+    (``pixel_values``, ...)."""
+
+    def __call__(self, *, images: Image, return_tensors: str) -> Mapping[str, torch.Tensor]: ...
+
+
+def image_of(item: object, name: str = "image") -> bytes:
     """The image bytes of one item: bytes, a dict holding them under ``name``, or either in a
     :class:`TaskItem`.
 
@@ -55,7 +80,7 @@ def image_of(item: Any, name: str = "image") -> bytes:
     return value
 
 
-def resize_of(image_processor: Any) -> dict[str, int]:
+def resize_of(image_processor: object) -> dict[str, int]:
     """The image processor's resize rule, as :class:`~..shared.image_budget.Resize` reads it: its
     ``size`` (empty when it does not resize) and its centre crop (``crop_height``,
     ``crop_width``), if it crops."""
@@ -71,7 +96,9 @@ def resize_of(image_processor: Any) -> dict[str, int]:
     return rule
 
 
-def image_inputs(image_processor: Any, images: list[bytes], device: torch.device) -> Any:
+def image_inputs(
+    image_processor: ImageProcessor, images: list[bytes], device: torch.device
+) -> dict[str, torch.Tensor]:
     """The processor's tensors for ``images``, decoded (reduced toward the processor's size)
     and processed one at a time (at most one decoded image in memory), stacked into one batch
     on ``device``."""
@@ -84,9 +111,9 @@ def image_inputs(image_processor: Any, images: list[bytes], device: torch.device
     return {key: torch.cat(tensors).to(device) for key, tensors in parts.items()}
 
 
-def _function(name: str | None) -> Any:
+def _function(name: object) -> ClassificationFunction | None:
     """The pipeline's ``ClassificationFunction`` named ``name``; None: the model decides."""
-    if name is None:
+    if not isinstance(name, str):
         return None
     from transformers.pipelines.image_classification import ClassificationFunction
 
@@ -109,11 +136,8 @@ class ImageClassifier:
         path: str | os.PathLike[str] = "",
         engine: EngineOptions | None = None,
     ) -> None:
-        if task != IMAGE_CLASSIFICATION:
-            raise ValueError(f"ImageClassifier serves {IMAGE_CLASSIFICATION}, not {task!r}")
-        self.path = Path(path)
-        if not self.path.is_dir():
-            raise ValueError(f"model folder {str(self.path)!r} does not exist")
+        self.path = task_folder(path, task, IMAGE_CLASSIFICATION, "ImageClassifier")
+        # transformers' pipeline, whose methods are untyped.
         self._pipeline: Any = None
         self._device = torch.device("cpu")
 
@@ -128,7 +152,7 @@ class ImageClassifier:
         pipe.model.eval()
         self._pipeline = pipe
 
-    def predict(self, inputs: list[Any]) -> list[Any]:
+    def predict(self, inputs: Sequence[object]) -> list[list[Label]]:
         pipe = self._pipeline
         if pipe is None:
             raise RuntimeError("ImageClassifier.predict called before load()")
@@ -139,7 +163,7 @@ class ImageClassifier:
         )
         with torch.inference_mode():
             logits = pipe.model(**batch).logits.float().cpu()
-        outputs = []
+        outputs: list[list[Label]] = []
         for index, item in enumerate(inputs):
             # Both parameters change the post-processing alone: one forward pass for all.
             options = dict(item.parameters) if isinstance(item, TaskItem) else {}
@@ -151,13 +175,13 @@ class ImageClassifier:
             outputs.append([{"label": str(a["label"]), "score": float(a["score"])} for a in answer])
         return outputs
 
-    def warmup_inputs(self, max_batch_size: int) -> list[list[Any]]:
+    def warmup_inputs(self, max_batch_size: int) -> list[list[bytes]]:
         """A generated image at batch 1 and at the cap: decoded, processed and classified
         before the instance reports ready."""
         return warmup_batches(sample_png(), max_batch_size)
 
-    def metadata(self) -> dict[str, Any]:
-        image: dict[str, Any] = {
+    def metadata(self) -> dict[str, object]:
+        image: dict[str, object] = {
             "name": "image",
             "datatype": "BYTES",
             "shape": [-1],
@@ -165,7 +189,7 @@ class ImageClassifier:
         }
         if self._pipeline is not None:
             image[RESIZE_KEY] = resize_of(self._pipeline.image_processor)
-        described: dict[str, Any] = {
+        described: dict[str, object] = {
             "inputs": [image],
             # A list of {"label", "score"} per image, as JSON text.
             "outputs": [{"name": "output", "datatype": "BYTES", "shape": [-1]}],

@@ -18,12 +18,13 @@ plain door and ``/v1/embeddings`` serves this model's text embeddings. Runs on t
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 import transformers
+from transformers import BatchEncoding, PreTrainedTokenizerBase
 
 from ..engines.options import EngineOptions
 from ..media import RESIZE_KEY
@@ -32,18 +33,29 @@ from ..shared.imaging import sample_png
 from ..shared.torch_models import (
     WEIGHTS_LOADING,
     max_length_of,
-    read_json,
+    read_config,
     resolve_device,
+    task_folder,
     to_numpy,
 )
-from .classifier import image_inputs, resize_of
+from .classifier import ImageProcessor, image_inputs, resize_of
 
 __all__ = ["IMAGE_TEXT_EMBEDDING", "ImageTextEmbedder"]
 
 IMAGE_TEXT_EMBEDDING = "image-text-embedding"
 
 
-def _split(item: Any) -> tuple[str | None, bytes | None]:
+class TwoTowers(Protocol):
+    """What this package calls of a CLIP-style model: each tower's projected vectors."""
+
+    def get_text_features(
+        self, *, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> object: ...
+
+    def get_image_features(self, **pixels: torch.Tensor) -> object: ...
+
+
+def _split(item: object) -> tuple[str | None, bytes | None]:
     """``(text, image)`` of one item, exactly one of them set."""
     value = item.input if isinstance(item, TaskItem) else item
     if isinstance(value, str):
@@ -59,7 +71,7 @@ def _split(item: Any) -> tuple[str | None, bytes | None]:
     raise TypeError("an item is a text (str) or an image (bytes), exactly one of them")
 
 
-def _features(output: Any) -> torch.Tensor:
+def _features(output: object) -> torch.Tensor:
     """The projected vectors of a ``get_*_features`` call: a tensor, or (in some versions and
     models) an output object holding them as its pooler output."""
     if isinstance(output, torch.Tensor):
@@ -85,26 +97,23 @@ class ImageTextEmbedder:
         path: str | os.PathLike[str] = "",
         engine: EngineOptions | None = None,
     ) -> None:
-        if task != IMAGE_TEXT_EMBEDDING:
-            raise ValueError(f"ImageTextEmbedder serves {IMAGE_TEXT_EMBEDDING}, not {task!r}")
-        self.path = Path(path)
-        if not self.path.is_dir():
-            raise ValueError(f"model folder {str(self.path)!r} does not exist")
-        self._config: dict[str, Any] = read_json(self.path / "config.json")
+        self.path = task_folder(path, task, IMAGE_TEXT_EMBEDDING, "ImageTextEmbedder")
+        self._config = read_config(self.path / "config.json")
         model_type = self._config.get("model_type")
         if model_type != "clip":
             raise ValueError(
                 f"{IMAGE_TEXT_EMBEDDING} serves CLIP folders (config.json model_type clip); "
                 f"{self.path.name} is {model_type!r}"
             )
-        self._model: Any = None
-        self._processor: Any = None
-        self._tokenizer: Any = None
+        self._model: TwoTowers | None = None
+        self._processor: ImageProcessor | None = None
+        self._tokenizer: PreTrainedTokenizerBase | None = None
         self._device = torch.device("cpu")
         #: The longest text in tokens: CLIP's 77 until the tokenizer and the text tower's
         #: positions say (:func:`~..shared.text_models.max_length_of`).
         self.max_seq_length = 77
-        self.width: int | None = self._config.get("projection_dim")
+        width = self._config.get("projection_dim")
+        self.width = width if isinstance(width, int) else None
 
     def load(self, device: str) -> None:
         self._device = resolve_device(device)
@@ -116,11 +125,13 @@ class ImageTextEmbedder:
                 "get_text_features; image-text-embedding serves CLIP-style models"
             )
         self._tokenizer_ready()
-        processor: Any = transformers.AutoImageProcessor
-        self._processor = processor.from_pretrained(str(self.path))
-        self._model = model.to(self._device).eval()
+        auto: Any = transformers.AutoImageProcessor  # its from_pretrained is untyped
+        self._processor = auto.from_pretrained(str(self.path))
+        module: torch.nn.Module = model  # torch's typed methods; .to moves a module in place
+        module.to(self._device).eval()
+        self._model = model
 
-    def _tokenizer_ready(self) -> Any:
+    def _tokenizer_ready(self) -> PreTrainedTokenizerBase:
         """The tokenizer, loaded the first time (the deployment's counting copy of the model
         is never loaded), with the longest text it may give the model."""
         if self._tokenizer is None:
@@ -129,9 +140,9 @@ class ImageTextEmbedder:
             self._tokenizer = tokenizer
         return self._tokenizer
 
-    def predict(self, inputs: list[Any]) -> np.ndarray:
-        model = self._model
-        if model is None:
+    def predict(self, inputs: Sequence[object]) -> np.ndarray:
+        model, processor = self._model, self._processor
+        if model is None or processor is None:
             raise RuntimeError("ImageTextEmbedder.predict called before load()")
         split = [_split(item) for item in inputs]
         texts = [(index, text) for index, (text, _) in enumerate(split) if text is not None]
@@ -139,25 +150,26 @@ class ImageTextEmbedder:
         rows: dict[int, np.ndarray] = {}
         with torch.inference_mode():
             if texts:
-                encoded = self._tokenizer(
+                encoded: BatchEncoding = self._tokenizer_ready()(
                     [text for _, text in texts],
                     padding=True,
                     truncation=True,
                     max_length=self.max_seq_length,
                     return_tensors="pt",
-                ).to(self._device)
+                )
+                encoded = encoded.to(self._device)
                 features = model.get_text_features(
                     input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"]
                 )
                 vectors = to_numpy(_features(features))
                 rows.update(zip((index for index, _ in texts), vectors, strict=True))
             if images:
-                batch = image_inputs(self._processor, [data for _, data in images], self._device)
+                batch = image_inputs(processor, [data for _, data in images], self._device)
                 vectors = to_numpy(_features(model.get_image_features(**batch)))
                 rows.update(zip((index for index, _ in images), vectors, strict=True))
         return np.stack([rows[index] for index in range(len(inputs))]).astype(np.float32)
 
-    def count_tokens(self, item: Any) -> int:
+    def count_tokens(self, item: object) -> int:
         """A text's tokens (capped at the model's maximum length); 1 for an image."""
         text, _ = _split(item)
         if text is None:
@@ -167,16 +179,17 @@ class ImageTextEmbedder:
         ]
         return len(ids)
 
-    def warmup_inputs(self, max_batch_size: int) -> list[list[Any]]:
+    def warmup_inputs(self, max_batch_size: int) -> list[list[Mapping[str, str | bytes]]]:
         """A generated image and a text, each at batch 1, and both kinds mixed at the cap:
         each forward pass runs before the instance reports ready."""
-        image, text = {"image": sample_png()}, {"text": "a photo of a cat"}
+        image: Mapping[str, str | bytes] = {"image": sample_png()}
+        text: Mapping[str, str | bytes] = {"text": "a photo of a cat"}
         full = [image if index % 2 else text for index in range(max_batch_size)]
         return [[image], [text], full]
 
-    def metadata(self) -> dict[str, Any]:
+    def metadata(self) -> dict[str, object]:
         width = self.width if isinstance(self.width, int) else -1
-        image: dict[str, Any] = {
+        image: dict[str, object] = {
             "name": "image",
             "datatype": "BYTES",
             "shape": [-1],

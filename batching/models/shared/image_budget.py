@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from PIL import Image, ImageMode
 
@@ -94,14 +93,14 @@ class Resize:
     crop_width: int | None = None
 
     @classmethod
-    def of(cls, size: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> Resize:
+    def of(cls, size: Mapping[str, object] | Iterable[tuple[str, object]] | None) -> Resize:
         """The rule of a processor's ``size`` (a dict, or transformers' ``SizeDict``), with
         its crop's ``crop_height`` and ``crop_width``; other keys are ignored."""
         given = dict(size or {})
         values = {
-            name: int(given[name])
-            for name in cls.__slots__
-            if isinstance(given.get(name), int) and given[name] > 0
+            name: int(value)
+            for name, value in ((name, given.get(name)) for name in cls.__slots__)
+            if isinstance(value, int) and value > 0
         }
         return cls(**values)
 

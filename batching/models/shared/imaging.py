@@ -24,7 +24,6 @@ import io
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
-from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
@@ -100,7 +99,7 @@ def check_image(
     where: str = "the image",
     *,
     max_bytes: int | None = None,
-    resize: Mapping[str, Any] | None = None,
+    resize: Mapping[str, object] | None = None,
 ) -> None:
     """Refuse image bytes a model cannot take: over ``max_pixels``, or costing more than
     ``max_bytes`` to decode and prepare for a processor that resizes by ``resize`` (both
@@ -118,7 +117,7 @@ def check_image(
 
 
 def decode_image(
-    data: bytes, max_pixels: int = PILLOW_MAX_PIXELS, resize: Mapping[str, Any] | None = None
+    data: bytes, max_pixels: int = PILLOW_MAX_PIXELS, resize: Mapping[str, object] | None = None
 ) -> Image.Image:
     """The RGB image of ``data``, upright by its EXIF orientation; reduced by whole factors
     toward the size a processor that resizes by ``resize`` makes of it, never below

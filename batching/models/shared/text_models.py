@@ -4,18 +4,23 @@ takes, token counting for the batcher, and the texts that warm up and calibrate 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # the counter's backend, when the tokenizer has one
+    from tokenizers import Tokenizer
 
 __all__ = [
     "DEFAULT_MAX_LENGTH",
     "NO_LIMIT",
+    "CountedTokenizer",
     "LazyCounter",
     "TokenCounter",
     "calibration_texts",
     "max_length_of",
     "position_limit",
+    "read_config",
     "read_json",
     "warmup_text",
 ]
@@ -59,19 +64,42 @@ _CALIBRATION_WORDS = (
 )
 
 
-def read_json(path: Path) -> Any:
+class CountedTokenizer(Protocol):
+    """What the counter calls of a tokenizer object (transformers', or a folder's
+    ``tokenizer.json`` read without transformers): one text, or one pair, to its ids."""
+
+    def __call__(
+        self,
+        text: str,
+        text_pair: str | None = None,
+        *,
+        truncation: bool = False,
+        max_length: int | None = None,
+        verbose: bool = True,
+    ) -> Mapping[str, Sequence[int]]: ...
+
+
+def read_json(path: Path) -> object:
     with path.open(encoding="utf-8") as handle:
-        return json.load(handle)
+        document: object = json.load(handle)
+    return document
 
 
-def _limit(value: Any) -> int | None:
+def read_config(path: Path) -> dict[str, object]:
+    """A JSON object file of a model folder (``config.json``, ...), its values to be narrowed
+    where they are read; {} for a document that is not an object."""
+    document = read_json(path)
+    return document if isinstance(document, dict) else {}
+
+
+def _limit(value: object) -> int | None:
     """``value`` when it is a real limit: a positive int below :data:`NO_LIMIT`."""
     if isinstance(value, int) and not isinstance(value, bool) and 0 < value < NO_LIMIT:
         return value
     return None
 
 
-def position_limit(config: Any) -> int | None:
+def position_limit(config: object) -> int | None:
     """The most tokens the model's position table takes, from its config (``config.json``
     as read, or a transformers config object): ``max_position_embeddings``, or GPT-2's
     ``n_positions``, whichever is smaller, less ``pad_token_id + 1`` in the RoBERTa-style
@@ -80,6 +108,8 @@ def position_limit(config: Any) -> int | None:
     if not isinstance(config, Mapping):
         to_dict = getattr(config, "to_dict", None)
         config = to_dict() if callable(to_dict) else {}
+        if not isinstance(config, Mapping):
+            return None
     tables = [
         limit
         for limit in (_limit(config.get(key)) for key in ("max_position_embeddings", "n_positions"))
@@ -95,8 +125,8 @@ def position_limit(config: Any) -> int | None:
 
 
 def max_length_of(
-    tokenizer: Any,
-    config: Any,
+    tokenizer: object,
+    config: object,
     declared: int | None = None,
     default: int = DEFAULT_MAX_LENGTH,
 ) -> int:
@@ -135,21 +165,24 @@ class TokenCounter:
     # prefix: encoding a megabyte of text to learn it exceeds 256 tokens would cost ms.
     _CHARS_PER_TOKEN_BOUND = 8
 
-    def __init__(self, path: Path, max_length: int | None, tokenizer: Any = None) -> None:
+    def __init__(
+        self, path: Path, max_length: int | None, tokenizer: CountedTokenizer | None = None
+    ) -> None:
         if tokenizer is None:
             import transformers  # imports torch: only for folders tokenised by transformers
 
             tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
         config_path = path / "config.json"
-        config = read_json(config_path) if config_path.is_file() else {}
+        config = read_config(config_path) if config_path.is_file() else {}
         # ``max_length`` is an upper bound (the model's, or a declared one): never past what
         # the tokenizer and the position table allow.
         self.max_length = max_length_of(tokenizer, config, max_length)
-        self.mask_token: str | None = getattr(tokenizer, "mask_token", None)
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        self._backend: Any = None
-        self._full_backend: Any = None
-        self._tokenizer: Any = tokenizer
+        mask = getattr(tokenizer, "mask_token", None)
+        self.mask_token: str | None = mask if isinstance(mask, str) else None
+        backend: Tokenizer | None = getattr(tokenizer, "backend_tokenizer", None)
+        self._backend: Tokenizer | None = None
+        self._full_backend: Tokenizer | None = None
+        self._tokenizer = tokenizer
         if backend is not None:
             # A copy made before the settings change, so the two never share state.
             full = type(backend).from_str(backend.to_str())
@@ -162,7 +195,7 @@ class TokenCounter:
             self._backend = backend
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> CountedTokenizer:
         """The counter's own tokenizer (its chat template, for counting a chat's prompt)."""
         return self._tokenizer
 
@@ -230,7 +263,9 @@ class LazyCounter:
         self.max_length: int | None = None
         self._counter: TokenCounter | None = None
 
-    def counter(self, tokenizer: Callable[[], Any] | None = None) -> TokenCounter:
+    def counter(
+        self, tokenizer: Callable[[], CountedTokenizer | None] | None = None
+    ) -> TokenCounter:
         """The counter (``tokenizer``: called when it is built, for the tokenizer object it
         takes; None, or None returned: transformers' for the folder)."""
         counter = self._counter
@@ -240,12 +275,14 @@ class LazyCounter:
             counter = self._counter = TokenCounter(self.path, bound, own)
         return counter
 
-    def resolve(self, tokenizer: Any, config: Any) -> int:
+    def resolve(self, tokenizer: object, config: object) -> int:
         """The max length from the model's loaded ``tokenizer`` and ``config``, kept."""
         self.max_length = max_length_of(tokenizer, config, self.declared)
         return self.max_length
 
-    def resolved_max_length(self, tokenizer: Callable[[], Any] | None = None) -> int:
+    def resolved_max_length(
+        self, tokenizer: Callable[[], CountedTokenizer | None] | None = None
+    ) -> int:
         """The max length, from the counter (built with ``tokenizer``) until the model
         resolves it."""
         if self.max_length is None:

@@ -3,18 +3,24 @@ tokenise-and-run step. This package's modules are the only ones that import torc
 
 from __future__ import annotations
 
+import os
 import re
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:  # annotations only: importing this module imports torch, not transformers
+    from transformers import BatchEncoding, PreTrainedModel, PreTrainedTokenizerBase
 
 from .text_models import (
     TokenCounter,
     calibration_texts,
     max_length_of,
+    read_config,
     read_json,
     warmup_text,
 )
@@ -27,9 +33,11 @@ __all__ = [
     "encode_and_run",
     "max_length_of",
     "mean_pool",
+    "read_config",
     "read_json",
     "require_strings",
     "resolve_device",
+    "task_folder",
     "to_numpy",
     "warmup_text",
 ]
@@ -43,13 +51,38 @@ WEIGHTS_LOADING = threading.Lock()
 _DEVICE_RE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
 
 
-def load_eval(auto_class: Any, folder: Any, device: torch.device | str) -> Any:
+class AutoClass(Protocol):
+    """A transformers auto class (``AutoModel``, ``AutoModelForMaskedLM``, ...)."""
+
+    def from_pretrained(self, path: str, /) -> object: ...
+
+
+def load_eval(auto_class: AutoClass, folder: Path, device: torch.device | str) -> PreTrainedModel:
     """``auto_class.from_pretrained(folder)`` (under :data:`WEIGHTS_LOADING`), in eval mode,
     on ``device``: the fp32 torch model an engine is checked against."""
+    from transformers import PreTrainedModel  # the auto class has loaded it
+
     with WEIGHTS_LOADING:
         model = auto_class.from_pretrained(str(folder))
-    model.eval()
-    return model.to(device)
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"{folder.name} loads as {type(model).__name__}, not a transformers model")
+    module: torch.nn.Module = model  # torch's typed methods; .to moves a module in place
+    module.eval()
+    module.to(device)
+    return model
+
+
+def task_folder(path: str | os.PathLike[str], task: str, served: str, model: str) -> Path:
+    """The folder of a model ``model`` (its class's name) that serves the task ``served``,
+    built for ``task``.
+
+    :raises ValueError: another task, or a folder that does not exist."""
+    if task != served:
+        raise ValueError(f"{model} serves {served}, not {task!r}")
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ValueError(f"model folder {str(folder)!r} does not exist")
+    return folder
 
 
 def resolve_device(device: str) -> torch.device:
@@ -95,15 +128,15 @@ def mean_pool(hidden: torch.Tensor, mask: torch.Tensor, sqrt_len: bool = False) 
 
 
 def encode(
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     texts: Sequence[str],
     max_length: int,
     device: torch.device,
     pairs: Sequence[str] | None = None,
-) -> Any:
+) -> BatchEncoding:
     """Tokenise ``texts`` (with ``pairs``, as sequence pairs), padded to the longest and
     truncated at ``max_length``, as tensors on ``device``."""
-    encoded = tokenizer(
+    encoded: BatchEncoding = tokenizer(
         list(texts),
         None if pairs is None else list(pairs),
         padding=True,
@@ -111,12 +144,14 @@ def encode(
         max_length=max_length,
         return_tensors="pt",
     )
-    return encoded.to(device) if device.type != "cpu" else encoded
+    if device.type != "cpu":
+        encoded = encoded.to(device)
+    return encoded
 
 
 def encode_and_run(
-    tokenizer: Any,
-    run: Callable[[Any], torch.Tensor],
+    tokenizer: PreTrainedTokenizerBase,
+    run: Callable[[Mapping[str, torch.Tensor]], object],
     texts: Sequence[str],
     max_length: int,
     device: torch.device,
@@ -130,7 +165,11 @@ def encode_and_run(
     return hidden, encoded["attention_mask"]
 
 
-def require_strings(inputs: Sequence[Any]) -> None:
+def require_strings(inputs: Sequence[object]) -> list[str]:
+    """``inputs``, each checked to be a text."""
+    texts = []
     for index, item in enumerate(inputs):
         if not isinstance(item, str):
             raise TypeError(f"input {index} is {type(item).__name__}, expected a string")
+        texts.append(item)
+    return texts

@@ -33,11 +33,11 @@ import io
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import soundfile
 import soxr
+from numpy.typing import ArrayLike
 
 from batching.errors import InvalidRequest, PayloadTooLarge
 
@@ -75,7 +75,7 @@ class Waveform:
         return len(self.samples) / self.rate
 
 
-def audio_bytes(value: Any) -> bytes:
+def audio_bytes(value: object) -> bytes:
     """The file bytes of an input: ``bytes`` as they are, a string as base64 (never a path or
     a URL).
 
@@ -171,7 +171,7 @@ def _blocks(
         raise InvalidRequest("the audio holds no samples")
 
 
-def from_samples(values: Any, given_rate: int, rate: int, max_seconds: float) -> Waveform:
+def from_samples(values: ArrayLike, given_rate: int, rate: int, max_seconds: float) -> Waveform:
     """Samples sent as numbers (a KServe v2 FP32 tensor's row) at ``given_rate`` Hz, as mono
     float32 at ``rate`` Hz.
 
@@ -223,7 +223,7 @@ def _at_rate(chunks: Iterable[np.ndarray], given: int, rate: int) -> Waveform:
     return Waveform(np.ascontiguousarray(np.concatenate(parts), dtype=np.float32), rate)
 
 
-def _check_rate(rate: Any, what: str) -> None:
+def _check_rate(rate: object, what: str) -> None:
     if isinstance(rate, bool) or not isinstance(rate, int) or not MIN_RATE <= rate <= MAX_RATE:
         raise InvalidRequest(f"{what} must be an integer from {MIN_RATE} to {MAX_RATE} Hz")
 

@@ -9,9 +9,12 @@ batch."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from batching.models.parameters import Param
+
+from .text import FUNCTION_TO_APPLY, top_k
 
 __all__ = [
     "ASR",
@@ -54,18 +57,9 @@ AUTOMATIC_SPEECH_RECOGNITION = (SAMPLING_RATE,)
 
 AUDIO_CLASSIFICATION = (
     SAMPLING_RATE,
-    Param(
-        "top_k",
-        "integer",
-        minimum=1,
-        batch_neutral=True,
-        doc="how many labels to answer, best first (default: every label, as the pipeline does)",
-    ),
-    Param(
-        "function_to_apply",
-        "string",
-        choices=("softmax", "sigmoid", "none"),
-        batch_neutral=True,
+    top_k("how many labels to answer, best first (default: every label, as the pipeline does)"),
+    replace(
+        FUNCTION_TO_APPLY,
         doc="how logits become scores (default: the model's problem type decides: sigmoid for "
         "multi-label, none for regression, softmax otherwise)",
     ),

@@ -5,27 +5,13 @@ from __future__ import annotations
 
 from batching.models.parameters import Param
 
+from .text import FUNCTION_TO_APPLY, top_k
+
 __all__ = ["FUNCTION_TO_APPLY", "IMAGE_CLASSIFICATION", "IMAGE_TEXT_EMBEDDING", "TOP_K"]
 
 #: The labels to return per image, best first (the pipeline's default: 5, at most the model's
 #: labels). It changes post-processing only, so requests that differ in it share a batch.
-TOP_K = Param(
-    "top_k",
-    "integer",
-    default=5,
-    minimum=1,
-    batch_neutral=True,
-    doc="labels returned per image, best first (at most the model's number of labels)",
-)
-
-#: How logits become scores, as the pipeline takes it (default: the model's problem type).
-FUNCTION_TO_APPLY = Param(
-    "function_to_apply",
-    "string",
-    choices=("softmax", "sigmoid", "none"),
-    batch_neutral=True,
-    doc="how logits become scores (default: the model's problem type decides)",
-)
+TOP_K = top_k("labels returned per image, best first (at most the model's number of labels)", 5)
 
 IMAGE_CLASSIFICATION = (TOP_K, FUNCTION_TO_APPLY)
 

@@ -15,13 +15,16 @@ before a port is bound.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from batching.models.parameters import InvalidParameter, Param, Parameters
 from batching.models.processors import FEATURE_EXTRACTOR, IMAGE_PROCESSOR
 from batching.models.tasks.generation import pair_of
+
+if TYPE_CHECKING:  # annotations only: the table is read before any model is imported
+    from batching.models.protocol import Model
 
 __all__ = [
     "ALIASES",
@@ -70,10 +73,12 @@ class TaskRow:
             raise TypeError(f"{self.parameters} is not a tuple of Param")
         return value
 
-    def server_class(self) -> Any:
-        """The class that serves the task, imported now (it may import torch)."""
+    def server_class(self) -> Callable[..., Model]:
+        """The class that serves the task, imported now (it may import torch): built with the
+        task, the folder and ``engine=`` (and the audio tasks' ``max_seconds=``)."""
         module, _, name = self.serves.partition(":")
-        return getattr(importlib.import_module(module), name)
+        serving: Callable[..., Model] = getattr(importlib.import_module(module), name)
+        return serving
 
 
 #: The served tasks, one row each, grouped by family.
@@ -178,7 +183,7 @@ def row_of(task: str) -> TaskRow:
     return TASKS["translation" if pair_of(task) is not None else task]
 
 
-def check_defaults(task: str, defaults: Mapping[str, Any]) -> Parameters:
+def check_defaults(task: str, defaults: Mapping[str, object]) -> Parameters:
     """Server-wide defaults (the model repository's ``parameters`` table) checked against
     ``task``'s declaration: every key declared, every value of its type. A required parameter
     may be left to the requests.

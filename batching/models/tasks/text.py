@@ -10,26 +10,37 @@ from __future__ import annotations
 
 from batching.models.parameters import Param
 
-__all__ = ["FEATURE_EXTRACTION", "FILL_MASK", "TEXT_CLASSIFICATION", "TOKEN_CLASSIFICATION"]
+__all__ = [
+    "FEATURE_EXTRACTION",
+    "FILL_MASK",
+    "FUNCTION_TO_APPLY",
+    "TEXT_CLASSIFICATION",
+    "TOKEN_CLASSIFICATION",
+    "top_k",
+]
 
 #: Embedding options (prompt_name, truncate, encoding, ...) are this task's only options.
 FEATURE_EXTRACTION: tuple[Param, ...] = ()
 
+
+def top_k(doc: str, default: int | None = None) -> Param:
+    """A classifier's ``top_k``: how many labels to answer, best first (every classifier's
+    pipeline takes it: text, image and audio)."""
+    return Param("top_k", "integer", default=default, minimum=1, batch_neutral=True, doc=doc)
+
+
+#: How a classifier's logits become scores, as every classifier's pipeline takes it.
+FUNCTION_TO_APPLY = Param(
+    "function_to_apply",
+    "string",
+    choices=("softmax", "sigmoid", "none"),
+    batch_neutral=True,
+    doc="how logits become scores (default: the model's problem type decides)",
+)
+
 TEXT_CLASSIFICATION = (
-    Param(
-        "top_k",
-        "integer",
-        minimum=1,
-        batch_neutral=True,
-        doc="answer the k best labels as a list (default: the best label alone, not a list)",
-    ),
-    Param(
-        "function_to_apply",
-        "string",
-        choices=("softmax", "sigmoid", "none"),
-        batch_neutral=True,
-        doc="how logits become scores (default: the model's problem type decides)",
-    ),
+    top_k("answer the k best labels as a list (default: the best label alone, not a list)"),
+    FUNCTION_TO_APPLY,
 )
 
 TOKEN_CLASSIFICATION = (

@@ -16,9 +16,10 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..parameters import InvalidParameter, Param, TaskItem
 from ..tasks.zero_shot import DEFAULT_TEMPLATE, ZERO_SHOT_CLASSIFICATION
@@ -27,6 +28,7 @@ __all__ = [
     "DEFAULT_TEMPLATE",
     "ZERO_SHOT_PARAMETERS",
     "ZERO_SHOT_TASK",
+    "ZeroShotAnswer",
     "ZeroShotRequest",
     "check_nli_folder",
     "nli_logit_ids",
@@ -40,7 +42,15 @@ ZERO_SHOT_TASK = "zero-shot-classification"
 ZERO_SHOT_PARAMETERS: dict[str, Param] = {param.name: param for param in ZERO_SHOT_CLASSIFICATION}
 
 
-def nli_logit_ids(config: Mapping[str, Any]) -> tuple[int, int]:
+class ZeroShotAnswer(TypedDict):
+    """``pipeline("zero-shot-classification")``'s answer to one text."""
+
+    sequence: str
+    labels: list[str]
+    scores: list[float]
+
+
+def nli_logit_ids(config: Mapping[str, object]) -> tuple[int, int]:
     """``(contradiction, entailment)``: the positions of those logits, as the pipeline finds
     them: entailment is the first ``label2id`` label starting with "entail" (any case);
     contradiction is the first logit, or the last when entailment is the first.
@@ -96,7 +106,7 @@ class ZeroShotRequest:
         return [self.template.format(label) for label in self.labels]
 
 
-def zero_shot_request(item: Any) -> ZeroShotRequest:
+def zero_shot_request(item: object) -> ZeroShotRequest:
     """The text and parameters of a request item.
 
     :raises InvalidParameter: no ``candidate_labels`` (a plain text has none), or a template
@@ -139,7 +149,7 @@ def check_template(template: str) -> None:
         )
 
 
-def zero_shot_answer(request: ZeroShotRequest, logits: Sequence[Any]) -> dict[str, Any]:
+def zero_shot_answer(request: ZeroShotRequest, logits: Sequence[ArrayLike]) -> ZeroShotAnswer:
     """The pipeline's answer from each label's ``(contradiction, entailment)`` logits:
     ``{"sequence", "labels", "scores"}``, labels sorted by score, highest first.
 

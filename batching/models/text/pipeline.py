@@ -4,12 +4,13 @@ local model folder, with the request parameters each declares applied."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 import transformers
+from transformers import BatchEncoding, PreTrainedTokenizerBase
 from transformers.pipelines.base import PipelineException
 
 from batching.errors import UnprocessableInput
@@ -29,7 +30,7 @@ from ..shared.torch_models import (
     encode,
     encode_and_run,
     mean_pool,
-    read_json,
+    read_config,
     require_strings,
     resolve_device,
     to_numpy,
@@ -38,6 +39,7 @@ from ..shared.torch_models import (
 from ..tasks.table import declared as declared_parameters
 from ..tasks.table import resolve_task
 from .pipeline_io import (
+    TextPipeline,
     classifiable,
     input_of,
     is_one_per_input,
@@ -109,7 +111,7 @@ class PipelineModel:
         task: str,
         path: str | os.PathLike[str],
         engine: EngineOptions | None = None,
-        **pipeline_kwargs: Any,
+        **pipeline_kwargs: object,
     ) -> None:
         # Raises UnknownTask (a ValueError) for a task the table does not serve.
         self.task = resolve_task(task)
@@ -126,16 +128,18 @@ class PipelineModel:
         #: Whether an input may be a text pair ``{"text": a, "text_pair": b}``.
         self.takes_pairs = self.task == "text-classification"
         self.engine = engine or EngineOptions(engine="torch", precision="fp32")
-        self._pipeline: Any = None
+        self._pipeline: TextPipeline | None = None
         self._plan: EnginePlan | None = None
-        self._tokenizer: Any = None
+        self._tokenizer: PreTrainedTokenizerBase | None = None
         self._device = torch.device("cpu")
         #: The longest text input in tokens (:func:`~..shared.text_models.max_length_of`, once
         #: loaded).
         self.max_seq_length = DEFAULT_MAX_LENGTH
         self._counter = LazyCounter(self.path)
         config_path = self.path / "config.json"
-        self._config: dict[str, Any] = read_json(config_path) if config_path.is_file() else {}
+        self._config = read_config(config_path) if config_path.is_file() else {}
+        problem = self._config.get("problem_type")
+        self._problem_type = problem if isinstance(problem, str) else None
 
     def load(self, device: str) -> None:
         self._device = resolve_device(device)
@@ -150,7 +154,7 @@ class PipelineModel:
                 self.task, model=str(self.path), device=self._device, **kwargs
             )
         pipe.model.eval()
-        tokenizer = getattr(pipe, "tokenizer", None)
+        tokenizer: PreTrainedTokenizerBase | None = getattr(pipe, "tokenizer", None)
         if tokenizer is not None:
             self.max_seq_length = self._counter.resolve(tokenizer, self._config)
             if self.task == "token-classification":
@@ -180,7 +184,9 @@ class PipelineModel:
         if self.task in _ENGINE_TASKS:
             pipe.model = LogitsModel(self._plan, original, self.task)
 
-    def _encode(self, texts: list[str], pairs: list[str] | None = None) -> Any:
+    def _encode(self, texts: list[str], pairs: list[str] | None = None) -> BatchEncoding:
+        if self._tokenizer is None:
+            raise RuntimeError(f"{self.task}: this model has no tokenizer")
         return encode(self._tokenizer, texts, self.max_seq_length, self._device, pairs)
 
     def _mask(self) -> str:
@@ -189,7 +195,7 @@ class PipelineModel:
             raise ValueError(f"{self.path}: the tokenizer has no mask token for fill-mask")
         return mask
 
-    def _calibration(self) -> list[Any]:
+    def _calibration(self) -> list[BatchEncoding]:
         prefix = f"{self._mask()} " if self.task == "fill-mask" else ""
         texts = calibration_texts(min(self.max_seq_length, 512) - 8, prefix)
         batches = [self._encode(texts), self._encode(texts[-1:])]
@@ -197,29 +203,30 @@ class PipelineModel:
             batches.append(self._encode(texts, list(reversed(texts))))
         return batches
 
-    def _sample(self, size: int) -> Any:
+    def _sample(self, size: int) -> BatchEncoding:
         prefix = f"{self._mask()} " if self.task == "fill-mask" else ""
         return self._encode([prefix + warmup_text(self.max_seq_length)] * size)
 
-    def _view(self, output: torch.Tensor, encoded: Any) -> np.ndarray:
+    def _view(self, output: torch.Tensor, encoded: BatchEncoding) -> np.ndarray:
         output = torch.as_tensor(output)  # ONNX Runtime and OpenVINO answer in numpy
         if self.task == "text-classification":
-            return scores(self._config.get("problem_type"), output)
+            return scores(self._problem_type, output)
         if self.task == "fill-mask":
+            assert self._tokenizer is not None  # the engine is checked on its tokens
             return mask_logits(self._tokenizer.mask_token_id, output, encoded["input_ids"])
         with torch.inference_mode():
             return to_numpy(mean_pool(output, encoded["attention_mask"]))
 
-    def _call_kwargs(self) -> dict[str, Any]:
+    def _call_kwargs(self) -> dict[str, object]:
         """Truncation for the tasks that accept tokenizer options, unless the user set them."""
-        truncate = {"truncation": True, "max_length": self.max_seq_length}
+        truncate: dict[str, object] = {"truncation": True, "max_length": self.max_seq_length}
         if self.task == "text-classification" and "truncation" not in self.pipeline_kwargs:
             return truncate
         if self.task == "fill-mask" and "tokenizer_kwargs" not in self.pipeline_kwargs:
             return {"tokenizer_kwargs": truncate}
         return {}
 
-    def predict(self, inputs: list[Any]) -> list[Any] | np.ndarray:
+    def predict(self, inputs: Sequence[object]) -> list[object] | np.ndarray:
         """One output per input. An input is a plain input, or a :class:`TaskItem` with its
         request's parameters: items whose parameters change the forward pass run as groups of
         their own; the others share it, and each is post-processed with its own."""
@@ -229,27 +236,29 @@ class PipelineModel:
             return []
         if self.task == "feature-extraction":
             return self._embed([input_of(item) for item in inputs])
-        outputs: list[Any] = [None] * len(inputs)
+        outputs: list[object] = [None] * len(inputs)
         for key, positions in group_by_parameters(inputs, self._neutral).items():
             group = [inputs[position] for position in positions]
             for position, output in zip(positions, self._run(group, dict(key)), strict=True):
                 outputs[position] = output
         return outputs
 
-    def _run(self, items: list[Any], shared: dict[str, Any]) -> list[Any]:
+    def _run(self, items: Sequence[object], shared: Mapping[str, object]) -> list[object]:
         """``items`` in one pipeline call, with ``shared`` (the parameters that change the
         forward pass, equal for all of them) and each item's own post-processing ones."""
-        batch = [input_of(item) for item in items]
+        batch: list[object] = [input_of(item) for item in items]
         if self.takes_pairs:
             batch = [classifiable(item) for item in batch]
+        pipeline = self._pipeline
+        assert pipeline is not None  # predict checked it
         own = [self._postprocess_params(item) for item in items]
         kwargs = {**self._call_kwargs(), **shared}
         try:
             if any(own):
-                with per_item_postprocess(self._pipeline, own):
-                    outputs = self._pipeline(batch, batch_size=len(batch), **kwargs)
+                with per_item_postprocess(pipeline, own):
+                    outputs = pipeline(batch, batch_size=len(batch), **kwargs)
             else:
-                outputs = self._pipeline(batch, batch_size=len(batch), **kwargs)
+                outputs = pipeline(batch, batch_size=len(batch), **kwargs)
         except PipelineException as exc:
             if self.task == "fill-mask" and len(batch) == 1:
                 # The request had its mask token (the data plane checks that before it is
@@ -269,7 +278,7 @@ class PipelineModel:
             )
         return [jsonable(output) for output in outputs]
 
-    def _postprocess_params(self, item: Any) -> dict[str, Any]:
+    def _postprocess_params(self, item: object) -> dict[str, object]:
         """The post-processing arguments of ``item``'s batch-neutral parameters, as the
         pipeline itself makes them from ``pipeline(text, **parameters)``.
 
@@ -282,32 +291,33 @@ class PipelineModel:
         neutral = {key: value for key, value in given.items() if key in self._neutral}
         if not neutral:
             return {}
-        if self.task == "fill-mask":
+        if self.task == "fill-mask" and self._tokenizer is not None:
             vocabulary = len(self._tokenizer)
-            if neutral.get("top_k", 0) > vocabulary:
+            top_k = neutral.get("top_k", 0)
+            if isinstance(top_k, int) and top_k > vocabulary:
                 # The pipeline would fail the whole batch (torch's topk past the end).
                 raise UnprocessableInput(
                     f"parameter 'top_k' must be at most {vocabulary}, this model's vocabulary"
                 )
         try:
+            assert self._pipeline is not None  # predict checked it
             _, _, postprocess = self._pipeline._sanitize_parameters(**neutral)
         except (ValueError, KeyError, PipelineException) as exc:
             keys = ", ".join(repr(key) for key in sorted(neutral))
             raise UnprocessableInput(f"parameters {keys}: {exc}") from None
         return dict(postprocess)
 
-    def _embed(self, inputs: list[Any]) -> np.ndarray:
-        require_strings(inputs)
-        pipe = self._pipeline
-        assert self._plan is not None  # loaded with the pipeline
+    def _embed(self, inputs: Sequence[object]) -> np.ndarray:
+        texts = require_strings(inputs)
+        assert self._plan is not None and self._tokenizer is not None  # loaded with the pipeline
         with torch.inference_mode():
             hidden, mask = encode_and_run(
-                pipe.tokenizer, self._plan, list(inputs), self.max_seq_length, self._device
+                self._tokenizer, self._plan, texts, self.max_seq_length, self._device
             )
             pooled = mean_pool(hidden, mask)
         return to_numpy(pooled)
 
-    def count_tokens(self, item: Any) -> int:
+    def count_tokens(self, item: object) -> int:
         """Tokens a text input (or text pair) costs, capped at the max length; 1 for anything
         else."""
         text = self._text_of(item)
@@ -315,7 +325,7 @@ class PipelineModel:
             return 1
         return self._counter.counter().count(*text)
 
-    def token_length(self, item: Any, limit: int) -> int:
+    def token_length(self, item: object, limit: int) -> int:
         """Tokens a text input (or text pair) has before truncation, counted no further than
         ``limit``; 1 for anything else."""
         text = self._text_of(item)
@@ -323,19 +333,19 @@ class PipelineModel:
             return 1
         return self._counter.counter().length(text[0], limit, text[1])
 
-    def _text_of(self, item: Any) -> tuple[str, str | None] | None:
+    def _text_of(self, item: object) -> tuple[str, str | None] | None:
         if not self.is_text:
             return None
-        item = input_of(item)
-        if isinstance(item, str):
-            return item, None
-        if self.takes_pairs and isinstance(item, dict):
-            pair = pair_of(item)
+        value = input_of(item)
+        if isinstance(value, str):
+            return value, None
+        if self.takes_pairs and isinstance(value, dict):
+            pair = pair_of(value)
             if pair is not None:
                 return pair
         return None
 
-    def warmup_inputs(self, max_batch_size: int) -> list[list[Any]]:
+    def warmup_inputs(self, max_batch_size: int) -> list[list[str]]:
         """A longest-length text at batch 1 and at the cap.
 
         :raises ValueError: for a task whose inputs this class cannot make: a task model
@@ -358,10 +368,10 @@ class PipelineModel:
         mask = getattr(tokenizer, "mask_token", None) or self._counter.counter().mask_token
         return str(mask) if mask else None
 
-    def metadata(self) -> dict[str, Any]:
+    def metadata(self) -> dict[str, object]:
         name = "text" if self.is_text else "input"
-        inputs: list[dict[str, Any]] = [{"name": name, "datatype": "BYTES", "shape": [-1]}]
-        described: dict[str, Any] = {}
+        inputs: list[dict[str, object]] = [{"name": name, "datatype": "BYTES", "shape": [-1]}]
+        described: dict[str, object] = {}
         if self.task == "feature-extraction":
             width = self._config.get("hidden_size") or self._config.get("d_model") or -1
             # Mean-pooled hidden states, not unit vectors.

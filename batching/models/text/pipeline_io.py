@@ -6,8 +6,8 @@ shared call, and the outputs made plain JSON."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Protocol, TypeGuard
 
 import numpy as np
 import torch
@@ -15,6 +15,7 @@ import torch
 from ..parameters import TaskItem
 
 __all__ = [
+    "TextPipeline",
     "classifiable",
     "input_of",
     "is_one_per_input",
@@ -26,7 +27,23 @@ __all__ = [
 ]
 
 
-def jsonable(value: Any) -> Any:
+class TextPipeline(Protocol):
+    """What this package calls of a text task's ``transformers.Pipeline`` (whose methods are
+    untyped): one call for a batch, its parameters sorted into the three steps, and the step
+    that makes one output of a model output."""
+
+    def __call__(
+        self, inputs: Sequence[object], *, batch_size: int, **kwargs: object
+    ) -> object: ...
+
+    def _sanitize_parameters(
+        self, **parameters: object
+    ) -> tuple[Mapping[str, object], Mapping[str, object], Mapping[str, object]]: ...
+
+    def postprocess(self, model_outputs: object, **parameters: object) -> object: ...
+
+
+def jsonable(value: object) -> object:
     """Pipelines return numpy and torch values inside lists and dicts: make them plain JSON."""
     if isinstance(value, dict):
         return {str(key): jsonable(item) for key, item in value.items()}
@@ -39,18 +56,18 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def input_of(item: Any) -> Any:
+def input_of(item: object) -> object:
     """The input of ``item`` without its request's parameters."""
     return item.input if isinstance(item, TaskItem) else item
 
 
-def pipeline_value(value: Any) -> Any:
+def pipeline_value(value: object) -> object:
     """A checked parameter as the pipeline takes it (a list where it was a tuple)."""
     return list(value) if isinstance(value, tuple) else value
 
 
 @contextlib.contextmanager
-def per_item_postprocess(pipe: Any, own: list[dict[str, Any]]) -> Iterator[None]:
+def per_item_postprocess(pipe: TextPipeline, own: Sequence[Mapping[str, object]]) -> Iterator[None]:
     """Within the block, ``pipe`` post-processes its n-th output with ``own[n]`` over the call's
     own arguments: a pipeline post-processes its outputs one by one, in input order, so items
     with different post-processing parameters share one forward pass. The instance's
@@ -58,17 +75,17 @@ def per_item_postprocess(pipe: Any, own: list[dict[str, Any]]) -> Iterator[None]
     original = pipe.postprocess
     each = iter(own)
 
-    def postprocess(model_outputs: Any, **params: Any) -> Any:
+    def postprocess(model_outputs: object, **params: object) -> object:
         return original(model_outputs, **{**params, **next(each)})
 
-    pipe.postprocess = postprocess
+    setattr(pipe, "postprocess", postprocess)  # noqa: B010 (an instance attribute shadows it)
     try:
         yield
     finally:
-        del pipe.postprocess
+        delattr(pipe, "postprocess")
 
 
-def pair_of(item: dict[Any, Any]) -> tuple[str, str | None] | None:
+def pair_of(item: Mapping[object, object]) -> tuple[str, str | None] | None:
     """``(text, text_pair)`` of a pair input ``{"text": a, "text_pair": b}`` (``text_pair``
     optional), or None when ``item`` is not one."""
     text, pair = item.get("text"), item.get("text_pair")
@@ -79,7 +96,7 @@ def pair_of(item: dict[Any, Any]) -> tuple[str, str | None] | None:
     return text, pair
 
 
-def classifiable(item: Any) -> Any:
+def classifiable(item: object) -> str | dict[str, str]:
     """An input as the text-classification pipeline takes it: a text, or a pair dict."""
     if isinstance(item, str):
         return item
@@ -93,7 +110,7 @@ def classifiable(item: Any) -> Any:
     return text if text_pair is None else {"text": text, "text_pair": text_pair}
 
 
-def labels_of(config: dict[str, Any]) -> list[str]:
+def labels_of(config: Mapping[str, object]) -> list[str]:
     """The classifier's labels in the order of its logits, from ``id2label``."""
     id2label = config.get("id2label")
     if not isinstance(id2label, dict) or not id2label:
@@ -107,5 +124,5 @@ def labels_of(config: dict[str, Any]) -> list[str]:
     return [by_index[index] for index in range(len(by_index))]
 
 
-def is_one_per_input(outputs: Any, count: int) -> bool:
+def is_one_per_input(outputs: object, count: int) -> TypeGuard[list[object]]:
     return isinstance(outputs, list) and len(outputs) == count

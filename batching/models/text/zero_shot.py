@@ -13,12 +13,15 @@ sequence-classification head, checked against torch fp32) and returns each pair'
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
 import transformers
+from numpy.typing import ArrayLike
+from transformers import BatchEncoding, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..engines.job import EngineJob
 from ..engines.logits import scores
@@ -32,7 +35,7 @@ from ..shared.torch_models import (
     TokenCounter,
     calibration_texts,
     load_eval,
-    read_json,
+    read_config,
     resolve_device,
     to_numpy,
     warmup_text,
@@ -41,6 +44,7 @@ from .nli import (
     DEFAULT_TEMPLATE,
     ZERO_SHOT_PARAMETERS,
     ZERO_SHOT_TASK,
+    ZeroShotAnswer,
     nli_logit_ids,
     zero_shot_answer,
     zero_shot_request,
@@ -53,6 +57,13 @@ _SPECIAL_TOKENS = 8
 
 #: The labels the warm-up scores its text against.
 _WARMUP_LABELS = ("positive", "negative")
+
+
+class Pair(TypedDict):
+    """One unit of batching: the text, and the hypothesis one label makes of it."""
+
+    text: str
+    text_pair: str
 
 
 class ZeroShotModel:
@@ -75,12 +86,14 @@ class ZeroShotModel:
         if not (self.path / "config.json").is_file():
             raise ValueError(f"model folder {str(self.path)!r} has no config.json")
         self.name = self.path.resolve().name
-        self._config: dict[str, Any] = read_json(self.path / "config.json")
+        self._config = read_config(self.path / "config.json")
         self._contradiction, self._entailment = nli_logit_ids(self._config)
+        problem = self._config.get("problem_type")
+        self._problem_type = problem if isinstance(problem, str) else None
         self.engine = engine or EngineOptions(engine="torch", precision="fp32")
         self._device = torch.device("cpu")
         self._plan: EnginePlan | None = None
-        self._tokenizer: Any = None
+        self._tokenizer: PreTrainedTokenizerBase | None = None
         self._counting = LazyCounter(self.path)
 
     @property
@@ -92,11 +105,11 @@ class ZeroShotModel:
 
     def load(self, device: str) -> None:
         self._device = resolve_device(device)
-        self._tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.path))
-        if self._tokenizer.pad_token is None:
+        tokenizer = self._tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.path))
+        if tokenizer.pad_token is None:
             # As the pipeline does: pairs of a batch are padded to the longest.
-            self._tokenizer.pad_token = self._tokenizer.eos_token
-        self._counting.resolve(self._tokenizer, self._config)
+            tokenizer.pad_token = tokenizer.eos_token
+        self._counting.resolve(tokenizer, self._config)
         self._plan = select_engine(
             EngineJob(
                 options=self.engine,
@@ -104,7 +117,7 @@ class ZeroShotModel:
                 head="sequence-classification",
                 measure="classification",
                 device=str(self._device),
-                input_names=tuple(self._tokenizer(["a"], return_tensors="pt").keys()),
+                input_names=tuple(tokenizer(["a"], return_tensors="pt").keys()),
                 load_reference=self._load_reference,
                 view=self._view,
                 calibration=self._calibration,
@@ -112,13 +125,15 @@ class ZeroShotModel:
             )
         )
 
-    def _load_reference(self) -> Any:
+    def _load_reference(self) -> PreTrainedModel:
         return load_eval(transformers.AutoModelForSequenceClassification, self.path, self._device)
 
-    def _encode(self, texts: list[str], hypotheses: list[str]) -> Any:
+    def _encode(self, texts: list[str], hypotheses: list[str]) -> BatchEncoding:
         """Pairs as the pipeline tokenises them: only the text is cut to fit, never the
         hypothesis (:meth:`expand` refuses one that takes over half the model's tokens)."""
-        encoded = self._tokenizer(
+        if self._tokenizer is None:
+            raise RuntimeError("ZeroShotModel used before load()")
+        encoded: BatchEncoding = self._tokenizer(
             texts,
             hypotheses,
             padding=True,
@@ -128,30 +143,30 @@ class ZeroShotModel:
         )
         return encoded.to(self._device) if self._device.type != "cpu" else encoded
 
-    def _calibration(self) -> list[Any]:
+    def _calibration(self) -> list[BatchEncoding]:
         texts = calibration_texts(self.max_seq_length // 2)
         hypotheses = [DEFAULT_TEMPLATE.format(label) for label in ("sports", "a red house")]
         pairs = [hypotheses[i % 2] for i in range(len(texts))]
         return [self._encode(texts, pairs), self._encode(texts[-1:], pairs[-1:])]
 
-    def _sample(self, size: int) -> Any:
+    def _sample(self, size: int) -> BatchEncoding:
         text = warmup_text(self.max_seq_length)
         return self._encode([text] * size, [DEFAULT_TEMPLATE.format(_WARMUP_LABELS[0])] * size)
 
-    def _view(self, output: torch.Tensor, encoded: Any) -> np.ndarray:
+    def _view(self, output: torch.Tensor, encoded: BatchEncoding) -> np.ndarray:
         # ONNX Runtime and OpenVINO answer in numpy; torch in tensors.
-        return scores(self._config.get("problem_type"), torch.as_tensor(output))
+        return scores(self._problem_type, torch.as_tensor(output))
 
     # -- the units of batching -------------------------------------------------------------
 
-    def expand(self, item: Any) -> list[Any]:
+    def expand(self, item: object) -> list[Any]:
         """One ``{"text", "text_pair"}`` unit per candidate label, in the labels' order.
 
         :raises InvalidParameter: no labels, a bad template, or a hypothesis so long that the
             text would have no room (over half the model's tokens).
         """
         request = zero_shot_request(item)
-        units = []
+        units: list[Pair] = []
         half = self.max_seq_length // 2
         counter = self._token_counter()
         for label, hypothesis in zip(request.labels, request.hypotheses(), strict=True):
@@ -168,11 +183,11 @@ class ZeroShotModel:
             units.append({"text": request.text, "text_pair": hypothesis})
         return units
 
-    def join(self, item: Any, outputs: list[Any]) -> dict[str, Any]:
+    def join(self, item: object, outputs: Sequence[ArrayLike]) -> ZeroShotAnswer:
         """The pipeline's ``{"sequence", "labels", "scores"}`` from the units' logits."""
         return zero_shot_answer(zero_shot_request(item), outputs)
 
-    def predict(self, inputs: list[Any]) -> np.ndarray:
+    def predict(self, inputs: Sequence[object]) -> np.ndarray:
         """Each pair's (contradiction, entailment) logits, one row per pair."""
         if self._plan is None:
             raise RuntimeError("ZeroShotModel.predict called before load()")
@@ -190,16 +205,16 @@ class ZeroShotModel:
 
     # -- the optional hooks ----------------------------------------------------------------
 
-    def count_tokens(self, item: Any) -> int:
+    def count_tokens(self, item: object) -> int:
         """Tokens a pair costs (its text truncated to fit), or a request item's text."""
         text, pair = _text_of(item)
         return self._token_counter().count(text, pair)
 
-    def token_length(self, item: Any, limit: int) -> int:
+    def token_length(self, item: object, limit: int) -> int:
         text, pair = _text_of(item)
         return self._token_counter().length(text, limit, pair)
 
-    def warmup_inputs(self, max_batch_size: int) -> list[list[Any]]:
+    def warmup_inputs(self, max_batch_size: int) -> list[list[TaskItem]]:
         """Request items, which the warm-up expands and joins as a request's are: a longest
         text with two labels, then one label at batch 1 and at the cap (one pair each)."""
         text = warmup_text(self.max_seq_length)
@@ -209,8 +224,8 @@ class ZeroShotModel:
             *warmup_batches(one, max_batch_size),
         ]
 
-    def metadata(self) -> dict[str, Any]:
-        described: dict[str, Any] = {
+    def metadata(self) -> dict[str, object]:
+        described: dict[str, object] = {
             "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
             # {"sequence", "labels", "scores"} per text, as a JSON string.
             "outputs": [{"name": "output", "datatype": "BYTES", "shape": [-1]}],
@@ -223,7 +238,7 @@ class ZeroShotModel:
         return described
 
 
-def _pair(item: Any) -> tuple[str, str]:
+def _pair(item: object) -> tuple[str, str]:
     if isinstance(item, dict):
         text, hypothesis = item.get("text"), item.get("text_pair")
         if isinstance(text, str) and isinstance(hypothesis, str) and len(item) == 2:
@@ -234,7 +249,7 @@ def _pair(item: Any) -> tuple[str, str]:
     )
 
 
-def _text_of(item: Any) -> tuple[str, str | None]:
+def _text_of(item: object) -> tuple[str, str | None]:
     """What an item tokenises: a pair unit, or a request item's (or plain) text."""
     if isinstance(item, dict):
         return _pair(item)
