@@ -35,6 +35,7 @@ class TextGenerator(Generator):
 
     auto_class: ClassVar[Any] = AutoModelForCausalLM
     answer_key: ClassVar[str] = "generated_text"
+    completion_in_context: ClassVar[bool] = True
 
     def positions(self) -> int:
         """The longest sequence (prompt and new tokens) the model takes: the smaller of its

@@ -26,12 +26,14 @@ views of buffers this batch owns (:class:`_Window`: rows by columns, with room t
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, cast
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from .logprobs import capture_hidden, prompt_echo, prompt_logprobs
 from .running import Prompt, Row, RunningBatchBase, pad
 
 __all__ = ["DecodeBatch", "cache_layers", "check_cache"]
@@ -178,7 +180,23 @@ class DecodeBatch(RunningBatchBase[tuple[DynamicCache, torch.Tensor]]):
                     logits_to_keep=1,
                 )
 
-        output = self.threads.run(self.threads.prefills, len(rows), int(mask.numel()), forward)
+        echoed = [row for row in rows if row.prompt.echo and row.prompt.logprobs is not None]
+        capture: AbstractContextManager[list[torch.Tensor]] = (
+            capture_hidden(self.model) if echoed else nullcontext([])
+        )
+        with capture as hidden:
+            output = self.threads.run(self.threads.prefills, len(rows), int(mask.numel()), forward)
+        for row in echoed:
+            index, length = rows.index(row), len(row.prompt.ids)
+            logprobs = prompt_logprobs(
+                self.model,
+                self.tokenizer,
+                hidden[0][index, width - length :],
+                row.prompt.ids,
+                row.prompt.logprobs or 0,
+                output.logits[index, -1],
+            )
+            row.echo = prompt_echo(self.tokenizer, row.prompt.ids, logprobs)
         return output.logits[:, -1], (cache, mask)
 
     def _append(self, rows: list[Row], joined: tuple[DynamicCache, torch.Tensor]) -> None:

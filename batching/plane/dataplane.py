@@ -147,6 +147,13 @@ class DataPlane:
         """One item's generation, its first piece there (:func:`.generation.open_stream`)."""
         return await generation.open_stream(self.call(deployment, caller), item)
 
+    async def generate_all(
+        self, deployment: Deployment, items: list[Any], caller: Caller
+    ) -> list[Generation]:
+        """Several items' generations (a request's choices), each with its first piece
+        (:func:`.generation.open_streams`)."""
+        return await generation.open_streams(self.call(deployment, caller), items)
+
     async def complete(
         self, deployment: Deployment, items: list[Any], caller: Caller
     ) -> list[Generation]:

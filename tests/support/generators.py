@@ -34,10 +34,14 @@ def _byte_level_files(folder: Path, specials: list[str]) -> tuple[str, str]:
 
 
 def gpt2_folder(
-    root: Path, name: str = "gpt2", *, model_max_length: int | None = GPT2_POSITIONS
+    root: Path,
+    name: str = "gpt2",
+    *,
+    model_max_length: int | None = GPT2_POSITIONS,
+    positions: int = GPT2_POSITIONS,
 ) -> Path:
     """A GPT-2 whose tokenizer has no pad token, as GPT-2's own has none; its tokenizer's
-    ``model_max_length`` (None: it names no limit)."""
+    ``model_max_length`` (None: it names no limit) and its ``positions``."""
     folder = root / name
     vocab, merges = _byte_level_files(folder, ["<|endoftext|>"])
     tokenizer = transformers.GPT2Tokenizer(vocab=vocab, merges=merges)
@@ -48,7 +52,7 @@ def gpt2_folder(
     eos = tokenizer.eos_token_id
     config = transformers.GPT2Config(
         vocab_size=len(tokenizer),
-        n_positions=GPT2_POSITIONS,
+        n_positions=positions,
         n_embd=32,
         n_layer=2,
         n_head=2,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 
 from batching.models.parameters import Param
+from batching.models.token_logprobs import MAX_TOP_LOGPROBS
 
 __all__ = [
     "CHAT_TEMPLATE_KEY",
@@ -80,6 +81,32 @@ GENERATION: tuple[Param, ...] = (
         default=True,
         batch_neutral=True,
         doc="cut an input too long for the model (false: 413 naming the limit)",
+    ),
+    Param(
+        "logprobs",
+        "integer",
+        minimum=0,
+        maximum=MAX_TOP_LOGPROBS,
+        batch_neutral=True,
+        doc="each new token's log-probability and this many most likely alternatives",
+    ),
+    Param(
+        "json_schema",
+        "string",
+        batch_neutral=True,
+        doc="the answer is JSON valid under this JSON schema (a JSON text)",
+    ),
+    Param(
+        "regex",
+        "string",
+        batch_neutral=True,
+        doc="the answer matches this regular expression",
+    ),
+    Param(
+        "grammar",
+        "string",
+        batch_neutral=True,
+        doc="the answer follows this grammar (llguidance's Lark syntax)",
     ),
 )
 
