@@ -43,10 +43,16 @@ def _entry(tokenizer: Any, logs: torch.Tensor, token: int, top: int) -> TokenLog
     if top > 0:
         values, indices = torch.topk(logs, min(top, int(logs.shape[-1])))
         alternatives = tuple(
-            (tokenizer.decode([index]), _finite(value))
+            (_text(tokenizer, index), _finite(value))
             for value, index in zip(values.tolist(), indices.tolist(), strict=True)
         )
-    return TokenLogprob(tokenizer.decode([token]), _finite(float(logs[token])), alternatives)
+    return TokenLogprob(_text(tokenizer, token), _finite(float(logs[token])), alternatives)
+
+
+def _text(tokenizer: Any, token: int) -> str:
+    """A token's text alone, as the answer's text has it (special tokens, such as the end
+    token, are empty)."""
+    return str(tokenizer.decode([token], skip_special_tokens=True))
 
 
 @contextlib.contextmanager
@@ -108,4 +114,4 @@ def prompt_echo(
     text = tokenizer.decode(list(ids), skip_special_tokens=True)
     if logprobs is None:
         return Echo(text)
-    return Echo(text, tuple(tokenizer.decode([token]) for token in ids), logprobs)
+    return Echo(text, tuple(_text(tokenizer, token) for token in ids), logprobs)

@@ -24,7 +24,8 @@ MAX_TOP_LOGPROBS = 20
 
 @dataclass(frozen=True, slots=True)
 class TokenLogprob:
-    """One token: its text (the token decoded alone), its log-probability, and the ``top``
+    """One token: its text (the token decoded alone; a special token's, such as the end
+    token's, is empty), its log-probability, and the ``top``
     most likely tokens at its place, most likely first, as ``(text, logprob)``."""
 
     token: str
