@@ -8,9 +8,12 @@ What a request may set, and how it maps onto the task's parameters
 - ``temperature`` 0 picks the most likely token, above 0 samples at that temperature; left
   out, the model's generation config decides (most models: the most likely token);
 - ``top_p`` and ``seed`` apply when sampling; ``stop`` is a string or a list of strings;
-- ``n`` may only be 1; ``stream`` and ``stream_options.include_usage``; ``user`` is taken and
-  not used. Every other field is a 400 naming it, unless it is sent as OpenAI's default
-  (``logprobs: null``, ``echo: false``, ``presence_penalty: 0``, ...), which changes nothing.
+- ``n``, ``best_of``, log-probabilities, ``echo``, ``truncate_prompt_tokens`` and structured
+  outputs (:mod:`.completions_options`); chat's ``chat_template_kwargs``; every bound is
+  checked first (:mod:`.completions_bounds`);
+- ``stream`` and ``stream_options.include_usage``; ``user`` is taken and not used. Every
+  other field is a 400 naming it, unless it is sent as OpenAI's default
+  (``presence_penalty: 0``, ``logit_bias: {}``, ...), which changes nothing.
 """
 
 from __future__ import annotations
