@@ -348,3 +348,20 @@ def test_the_grpc_stream_takes_the_constraint_and_sends_a_logprobs_output(url: s
         client.close()
     assert re.fullmatch("[a-c]+", text)
     assert "".join(entry["token"] for entry in entries) == text
+
+
+def test_the_plain_door_constrains_and_refuses_logprobs_it_cannot_answer(url: str) -> None:
+    made = httpx.post(
+        f"{url}/models/gpt2",
+        json={
+            "inputs": ["the cat"],
+            "parameters": {"max_new_tokens": 5, "regex": "[xyz]+", "return_full_text": False},
+        },
+        timeout=60,
+    )
+    assert made.status_code == 200, made.text
+    assert re.fullmatch("[xyz]+", made.json()["outputs"][0]["generated_text"])
+    refused = httpx.post(
+        f"{url}/models/gpt2", json={"inputs": ["x"], "parameters": {"logprobs": 1}}, timeout=60
+    )
+    assert refused.status_code == 400 and "logprobs" in refused.json()["error"]

@@ -106,6 +106,7 @@ class DataPlane:
         """
         call = self.call(deployment, caller)
         if deployment.scheduler is not None:
+            generation.refuse_logprobs(items)
             done = await generation.complete(call, items)
             return Inferred([answer.answer for answer in done])
         counts = TokenCounts(None, None)

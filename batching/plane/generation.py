@@ -28,6 +28,7 @@ from batching.errors import (
     Overloaded,
     PayloadTooLarge,
 )
+from batching.models.parameters import TaskItem
 from batching.models.pieces import Answer, Piece, Status
 from batching.models.token_logprobs import Echo, TokenLogprob
 from batching.runtime.decoding import StepScheduler, Stream
@@ -35,7 +36,7 @@ from batching.runtime.decoding import StepScheduler, Stream
 from .calls import Call
 from .counting import count_tokens
 
-__all__ = ["Generation", "complete", "open_stream", "open_streams"]
+__all__ = ["Generation", "complete", "open_stream", "open_streams", "refuse_logprobs"]
 
 #: The reason each refusal of a generating request is counted under.
 _REASONS: tuple[tuple[type[BatchingError], str], ...] = (
@@ -206,6 +207,19 @@ async def open_stream(call: Call, item: Any) -> Generation:
     with _counted(call):
         (stream,) = await _submitted(call, [item])
         return await _first(call, stream)
+
+
+def refuse_logprobs(items: list[Any]) -> None:
+    """Refuse the ``logprobs`` parameter where the answer has no place for it (the plain
+    body, KServe v2 ``infer``): the generate doors answer it.
+
+    :raises InvalidRequest: an item asks for it.
+    """
+    if any(isinstance(item, TaskItem) and item.get("logprobs") is not None for item in items):
+        raise InvalidRequest(
+            "parameter 'logprobs' is answered by the generate doors (/v1/completions, "
+            "/v1/chat/completions, v2 generate and generate_stream, the gRPC stream), not here"
+        )
 
 
 async def open_streams(call: Call, items: list[Any]) -> list[Generation]:
