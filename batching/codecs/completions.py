@@ -8,9 +8,12 @@ What a request may set, and how it maps onto the task's parameters
 - ``temperature`` 0 picks the most likely token, above 0 samples at that temperature; left
   out, the model's generation config decides (most models: the most likely token);
 - ``top_p`` and ``seed`` apply when sampling; ``stop`` is a string or a list of strings;
-- ``n`` may only be 1; ``stream`` and ``stream_options.include_usage``; ``user`` is taken and
-  not used. Every other field is a 400 naming it, unless it is sent as OpenAI's default
-  (``logprobs: null``, ``echo: false``, ``presence_penalty: 0``, ...), which changes nothing.
+- ``n``, ``best_of``, log-probabilities, ``echo``, ``truncate_prompt_tokens`` and structured
+  outputs (:mod:`.completions_options`); chat's ``chat_template_kwargs``; every bound is
+  checked first (:mod:`.completions_bounds`);
+- ``stream`` and ``stream_options.include_usage``; ``user`` is taken and not used. Every
+  other field is a 400 naming it, unless it is sent as OpenAI's default
+  (``presence_penalty: 0``, ``logit_bias: {}``, ...), which changes nothing.
 """
 
 from __future__ import annotations
@@ -24,8 +27,18 @@ import orjson
 from batching.errors import InvalidRequest
 from batching.models.generation.chat import Chat
 
+from .completions_bounds import (
+    MAX_TOKENS,
+    check_chat_bounds,
+    integer,
+    stop_strings,
+    template_kwargs,
+)
+from .completions_options import OPTION_FIELDS, Options, read_options
+
 __all__ = [
     "CompletionRequest",
+    "choice",
     "chunk",
     "completion",
     "parse_chat",
@@ -37,24 +50,19 @@ __all__ = [
 
 #: Fields that change nothing when sent with these values (OpenAI's defaults).
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
-    "echo": (None, False),
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
     "logit_bias": (None, {}),
-    "best_of": (None, 1),
     "suffix": (None,),
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "parallel_tool_calls": (None,),
-    "response_format": (None, {"type": "text"}),
     "service_tier": (None, "auto", "default"),
     "store": (None, False),
     "metadata": (None,),
 }
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream"}
-_COMMON |= {"stream_options", "user"}
+_COMMON |= {"stream_options", "user"} | OPTION_FIELDS
 _ROLES = {"system", "developer", "user", "assistant"}
 
 
@@ -68,6 +76,8 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     chat: bool
+    #: ``n``, log-probabilities, ``echo``, ``truncate_prompt_tokens``, the constraint.
+    options: Options = Options()
 
 
 def _object(body: bytes) -> dict[str, Any]:
@@ -101,16 +111,10 @@ def _common(body: dict[str, Any], allowed: set[str], max_key: str) -> dict[str, 
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("model must be the name of a served model")
-    n = body.get("n")
-    if n is not None and (isinstance(n, bool) or n != 1):
-        raise InvalidRequest("n: only 1 is supported (one choice per request)")
     parameters: dict[str, Any] = {}
-    maximum = body.get(max_key)
-    if maximum is None and max_key != "max_tokens":
-        maximum = body.get("max_tokens")
+    key = max_key if body.get(max_key) is not None else "max_tokens"
+    maximum = integer(body, key, 1, MAX_TOKENS)
     if maximum is not None:
-        if isinstance(maximum, bool) or not isinstance(maximum, int) or maximum < 1:
-            raise InvalidRequest(f"{max_key} must be an integer of at least 1")
         parameters["max_new_tokens"] = maximum
     temperature = _number(body, "temperature", 0.0, 2.0)
     if temperature is not None:
@@ -120,20 +124,24 @@ def _common(body: dict[str, Any], allowed: set[str], max_key: str) -> dict[str, 
     top_p = _number(body, "top_p", 0.0, 1.0)
     if top_p is not None:
         parameters["top_p"] = top_p
-    seed = body.get("seed")
+    seed = integer(body, "seed", 0, 2**63 - 1)
     if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-            raise InvalidRequest("seed must be a non-negative integer")
         parameters["seed"] = seed
-    stop = body.get("stop")
-    if isinstance(stop, str):
-        stop = [stop]
-    if stop is not None:
-        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-            raise InvalidRequest("stop must be a string or a list of strings")
-        if stop:
-            parameters["stop"] = stop
+    stop = stop_strings(body.get("stop"))
+    if stop:
+        parameters["stop"] = stop
     return parameters
+
+
+def _options(body: dict[str, Any], parameters: dict[str, Any], chat: bool) -> Options:
+    """The request's :class:`Options`; its log-probabilities and constraint as the task's
+    parameters."""
+    options = read_options(body, chat)
+    if options.logprobs is not None:
+        parameters["logprobs"] = options.logprobs
+    if options.constraint is not None:
+        parameters[options.constraint[0]] = options.constraint[1]
+    return options
 
 
 def _streaming(body: dict[str, Any]) -> tuple[bool, bool]:
@@ -161,13 +169,14 @@ def parse_completion(body: bytes) -> CompletionRequest:
     """
     parsed = _object(body)
     parameters = _common(parsed, _COMMON | {"prompt"}, "max_tokens")
+    options = _options(parsed, parameters, chat=False)
     prompt = parsed.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise InvalidRequest("prompt must be a string (one prompt per request)")
     stream, include = _streaming(parsed)
-    return CompletionRequest(parsed["model"], prompt, parameters, stream, include, False)
+    return CompletionRequest(parsed["model"], prompt, parameters, stream, include, False, options)
 
 
 def _content(index: int, content: Any) -> str:
@@ -193,8 +202,11 @@ def parse_chat(body: bytes) -> CompletionRequest:
         not a non-empty list of ``{role, content}`` with text content.
     """
     parsed = _object(body)
-    allowed = _COMMON | {"messages", "max_completion_tokens"}
+    check_chat_bounds(parsed)
+    allowed = _COMMON | {"messages", "max_completion_tokens", "chat_template_kwargs"}
     parameters = _common(parsed, allowed, "max_completion_tokens")
+    options = _options(parsed, parameters, chat=True)
+    kwargs = template_kwargs(parsed.get("chat_template_kwargs"))
     messages = parsed.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages must be a non-empty list")
@@ -209,7 +221,8 @@ def parse_chat(body: bytes) -> CompletionRequest:
             raise InvalidRequest(f"messages[{index}]: only role, content and name are supported")
         pairs.append((str(role), _content(index, message.get("content"))))
     stream, include = _streaming(parsed)
-    return CompletionRequest(parsed["model"], Chat(tuple(pairs)), parameters, stream, include, True)
+    chat = Chat(tuple(pairs), kwargs)
+    return CompletionRequest(parsed["model"], chat, parameters, stream, include, True, options)
 
 
 def new_id(chat: bool) -> str:
@@ -225,27 +238,37 @@ def usage(prompt: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
+def choice(
+    request: CompletionRequest,
+    index: int,
+    text: str,
+    finish: str | None,
+    logprobs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One choice of a whole answer (``logprobs``: from :mod:`.completions_logprobs`)."""
+    made: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish}
+    if request.chat:
+        made["message"] = {"role": "assistant", "content": text}
+    else:
+        made["text"] = text
+    return made
+
+
 def completion(
     request: CompletionRequest,
     answer_id: str,
     created: int,
-    text: str,
-    finish: str | None,
+    choices: list[dict[str, Any]],
     counts: dict[str, int],
 ) -> bytes:
-    """The answer of a request without ``stream``."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
-    if request.chat:
-        choice["message"] = {"role": "assistant", "content": text}
-    else:
-        choice["text"] = text
+    """The answer of a request without ``stream``: its :func:`choice` values."""
     return orjson.dumps(
         {
             "id": answer_id,
             "object": "chat.completion" if request.chat else "text_completion",
             "created": created,
             "model": request.model,
-            "choices": [choice],
+            "choices": choices,
             "usage": counts,
         }
     )
@@ -259,9 +282,12 @@ def chunk(
     finish: str | None = None,
     *,
     first: bool = False,
+    index: int = 0,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One streamed chunk: a piece of text, or the end (``finish``)."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+    """One streamed chunk of choice ``index``: a piece of text (with its tokens'
+    ``logprobs``), or the end (``finish``)."""
+    choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish}
     if request.chat:
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
         if text is not None:

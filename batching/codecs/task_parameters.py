@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from batching.errors import InvalidRequest, NotReady
+from batching.models.generation.grammars import check_constraint
 from batching.models.parameters import (
     PARAMETERS_KEY,
     InvalidParameter,
@@ -56,7 +57,8 @@ def task_items(
     else:
         try:
             checked = check_parameters(declared_parameters(metadata), given, defaults)
-        except InvalidParameter as exc:
+            check_constraint(dict(checked))
+        except (InvalidParameter, ValueError) as exc:
             raise InvalidRequest(f"{where}: {exc}") from None
     if not checked:
         return inputs

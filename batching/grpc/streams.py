@@ -5,7 +5,10 @@ task): decoupled responses, as Triton's LLM backends send them and tritonclient'
 Each request on the stream carries one text (a BYTES input of one element) and the task's
 parameters; its answer is a series of responses, each with the next piece of text in the
 ``text_output`` output (BYTES, shape [1]) and the parameter ``triton_final_response``, true on
-the last. With ``triton_enable_empty_final_response`` set (tritonclient's
+the last; with the ``logprobs`` parameter, a ``logprobs`` output (BYTES, shape [1]) holds the
+JSON list of the log-probabilities of the tokens since the last response
+(:func:`~batching.kserve.generate.logprob_entries`). With
+``triton_enable_empty_final_response`` set (tritonclient's
 ``enable_empty_final_response=True``) the last piece goes out as usual and an empty response
 with the flag follows. Requests on one stream are served concurrently; each response names its
 request's ``id``. An error (before or after the first piece) is a response with
@@ -23,11 +26,14 @@ import struct
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 from tritonclient.grpc import service_pb2
 
 from batching.answers import internal_message
 from batching.errors import BatchingError, InvalidRequest
+from batching.kserve.generate import LOGPROBS_OUTPUT, logprob_entries
 from batching.kserve.infer import items_of, task_items_of, timeout_parameter
+from batching.models.parameters import TaskItem
 from batching.plane import Caller, DataPlane, Generation
 from batching.runtime.deployment import Deployment
 
@@ -44,17 +50,19 @@ _FINAL = "triton_final_response"
 _EMPTY_FINAL = "triton_enable_empty_final_response"
 
 
-def _response(request: Any, text: str | None, final: bool) -> Any:
+def _response(request: Any, text: str | None, final: bool, logprobs: bytes | None = None) -> Any:
     response = service_pb2.ModelInferResponse(
         model_name=request.model_name, model_version=request.model_version, id=request.id
     )
-    if text is not None:
+    outputs = [] if text is None else [(TEXT_OUTPUT, text.encode())]
+    if logprobs is not None:
+        outputs.append((LOGPROBS_OUTPUT, logprobs))
+    for name, data in outputs:
         output = response.outputs.add()
-        output.name, output.datatype = TEXT_OUTPUT, "BYTES"
+        output.name, output.datatype = name, "BYTES"
         output.shape.append(1)
         # As Triton sends it: the element in raw_output_contents, its length first (4 bytes,
         # little-endian), which tritonclient's as_numpy reads.
-        data = text.encode()
         response.raw_output_contents.append(struct.pack("<I", len(data)) + data)
     response.parameters[_FINAL].bool_param = final
     return service_pb2.ModelStreamInferResponse(infer_response=response)
@@ -72,9 +80,10 @@ async def _open(
 ) -> Generation:
     parsed = parse_infer_request(request)
     for wanted in parsed.outputs:
-        if wanted.name != TEXT_OUTPUT:
+        if wanted.name not in (TEXT_OUTPUT, LOGPROBS_OUTPUT):
             raise InvalidRequest(
-                f"unexpected output {wanted.name!r}: a stream answers {TEXT_OUTPUT!r}"
+                f"unexpected output {wanted.name!r}: a stream answers {TEXT_OUTPUT!r} (and "
+                f"{LOGPROBS_OUTPUT!r} with the logprobs parameter)"
             )
     items = items_of(deployment, dataclasses.replace(parsed, outputs=[]))
     if len(items) != 1:
@@ -101,11 +110,17 @@ async def _serve_one(
         deployment = plane.deployment(request.model_name, request.model_version or None)
         generation = await _open(plane, deployment, request, caller)
         status = 200
+        item = generation.stream.item
+        asked = isinstance(item, TaskItem) and item.get("logprobs") is not None
+        sent = 0
         async for text, last in generation.parts():
-            if last and not empty_final:
-                await out.put(_response(request, text, True))
-            elif text:
-                await out.put(_response(request, text, False))
+            if not (text or (last and not empty_final)):
+                continue
+            logprobs = None
+            if asked:
+                logprobs = orjson.dumps(logprob_entries(generation.logprobs[sent:]))
+                sent = len(generation.logprobs)
+            await out.put(_response(request, text, last and not empty_final, logprobs))
         if empty_final:
             await out.put(_response(request, None, True))
     except BatchingError as exc:

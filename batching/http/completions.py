@@ -25,7 +25,7 @@ from starlette.routing import Route
 from batching.answers import internal_message
 from batching.codecs.completions import (
     CompletionRequest,
-    chunk,
+    choice,
     completion,
     new_id,
     parse_chat,
@@ -34,11 +34,12 @@ from batching.codecs.completions import (
     usage,
     usage_chunk,
 )
-from batching.codecs.task_parameters import task_items
+from batching.codecs.completions_items import choice_items
 from batching.errors import BatchingError
 from batching.models.tasks.generation import streams
 from batching.plane import DataPlane, Generation
 
+from .choices import answer_logprobs, choice_chunks, merged
 from .errors import recorded, status_of, with_request_id
 from .openai import ANY_METHOD, openai_endpoint, served_model
 from .requests import read_unattributed_body
@@ -69,25 +70,42 @@ def _error_event(exc: BaseException, request_id: str) -> bytes:
 
 
 async def _events(
-    parsed: CompletionRequest, generation: Generation, request_id: str
+    parsed: CompletionRequest, generations: list[Generation], request_id: str
 ) -> AsyncIterator[bytes]:
     answer_id, created = new_id(parsed.chat), int(time.time())
-    first = parsed.chat
     try:
-        if first:
-            yield sse(chunk(parsed, answer_id, created, "", first=True))
-        async for text in generation.pieces():
-            yield sse(chunk(parsed, answer_id, created, text))
-        yield sse(chunk(parsed, answer_id, created, None, generation.finish_reason))
+        streams = [
+            choice_chunks(parsed, index, generation, answer_id, created)
+            for index, generation in enumerate(generations)
+        ]
+        async for event in merged(streams):
+            yield sse(event)
         if parsed.include_usage:
-            counts = usage(generation.prompt_tokens, generation.completion_tokens)
-            yield sse(usage_chunk(parsed, answer_id, created, counts))
+            yield sse(usage_chunk(parsed, answer_id, created, _usage(generations)))
         yield sse("[DONE]")
     except Exception as exc:
         yield _error_event(exc, request_id)
     finally:
         # Also when the client went away and the response was cancelled.
-        generation.close()
+        for generation in generations:
+            generation.close()
+
+
+def _usage(generations: list[Generation]) -> dict[str, int]:
+    """The prompt once, the tokens of every choice."""
+    completion_tokens = sum(generation.completion_tokens for generation in generations)
+    return usage(generations[0].prompt_tokens, completion_tokens)
+
+
+def _answer(parsed: CompletionRequest, generations: list[Generation]) -> bytes:
+    choices = []
+    for index, generation in enumerate(generations):
+        text = generation.text
+        if generation.echo is not None:
+            text = generation.echo.text + text
+        logprobs = answer_logprobs(parsed, generation)
+        choices.append(choice(parsed, index, text, generation.finish_reason, logprobs))
+    return completion(parsed, new_id(parsed.chat), int(time.time()), choices, _usage(generations))
 
 
 def completion_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
@@ -98,20 +116,16 @@ def completion_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
         parsed = parse_chat(body) if chat else parse_completion(body)
         deployment = served_model(plane, parsed.model, is_generation_model, "a generating")
         with recorded(plane, deployment, request) as caller:
-            (item,) = task_items(deployment, [parsed.input], parsed.parameters, where="the request")
+            items = choice_items(deployment, parsed)
             if parsed.stream:
-                generation = await plane.generate(deployment, item, caller)
+                generations = await plane.generate_all(deployment, items, caller)
                 return StreamingResponse(
-                    _events(parsed, generation, caller.request_id),
+                    _events(parsed, generations, caller.request_id),
                     media_type="text/event-stream",
                     headers=SSE_HEADERS,
                 )
-            (done,) = await plane.complete(deployment, [item], caller)
-            counts = usage(done.prompt_tokens, done.completion_tokens)
-            result = completion(
-                parsed, new_id(chat), int(time.time()), done.text, done.finish_reason, counts
-            )
-            return Response(result, media_type="application/json")
+            done = await plane.complete(deployment, items, caller)
+            return Response(_answer(parsed, done), media_type="application/json")
 
     async def completions(request: Request) -> Response:
         return await generate(request, chat=False)

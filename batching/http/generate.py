@@ -21,7 +21,7 @@ from batching.codecs.completions import sse
 from batching.codecs.task_parameters import task_items
 from batching.errors import BatchingError
 from batching.kserve.generate import answer, parse_generate
-from batching.models.parameters import declared_parameters
+from batching.models.parameters import TaskItem, declared_parameters
 from batching.plane import DataPlane, Generation
 
 from .completions import SSE_HEADERS
@@ -36,9 +36,13 @@ logger = logging.getLogger("batching")
 async def _events(
     model: str, version: str, generation: Generation, request_id: str
 ) -> AsyncIterator[bytes]:
+    asked = _asks_logprobs(generation)
+    sent = 0
     try:
         async for text in generation.pieces():
-            yield sse(answer(model, version, text))
+            logprobs = generation.logprobs[sent:] if asked else None
+            sent = len(generation.logprobs)
+            yield sse(answer(model, version, text, logprobs))
     except Exception as exc:
         if isinstance(exc, BatchingError):
             message = with_request_id(str(exc), status_of(exc), request_id)
@@ -48,6 +52,13 @@ async def _events(
         yield sse({"error": message})
     finally:
         generation.close()
+
+
+def _asks_logprobs(generation: Generation) -> bool:
+    """Whether the item asked for its tokens' log-probabilities (the ``logprobs``
+    parameter)."""
+    item = generation.stream.item
+    return isinstance(item, TaskItem) and item.get("logprobs") is not None
 
 
 def generate_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
@@ -71,8 +82,10 @@ def generate_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
                     headers=SSE_HEADERS,
                 )
             (done,) = await plane.complete(deployment, [item], caller)
+            logprobs = done.logprobs if _asks_logprobs(done) else None
             return Response(
-                orjson.dumps(answer(name, version, done.text)), media_type="application/json"
+                orjson.dumps(answer(name, version, done.text, logprobs)),
+                media_type="application/json",
             )
 
     async def generate_whole(request: Request) -> Response:

@@ -7,20 +7,28 @@ The body is a JSON object whose keys are the model's inputs (``text_input``) and
 ``max_new_tokens``, as Triton's LLM backends name it); a parameter may also be sent as a key of
 its own, as Triton's ensembles take them as inputs. ``stream`` is taken and decided by the
 route. Anything else is a 400 naming it. The answer is ``{"model_name", "model_version",
-"text_output"}``; a stream sends one such event per piece of text, and an error after the
-first byte as ``data: {"error": "..."}``.
+"text_output"}``, with the ``logprobs`` parameter also ``logprobs`` (each token's, and as
+many alternatives as asked); a stream sends one such event per piece of text (with the
+log-probabilities of the tokens since the last event), and an error after the first byte as
+``data: {"error": "..."}``. The structured-output parameters (``json_schema``, ``regex``,
+``grammar``) are task parameters like the others.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from batching.errors import InvalidRequest
+from batching.models.generation.token_logprobs import TokenLogprob
 
-__all__ = ["GenerateRequest", "answer", "parse_generate"]
+__all__ = ["LOGPROBS_OUTPUT", "GenerateRequest", "answer", "logprob_entries", "parse_generate"]
+
+#: The output of the tokens' log-probabilities, with the ``logprobs`` parameter.
+LOGPROBS_OUTPUT = "logprobs"
 
 #: The input a generate request continues.
 TEXT_INPUT = "text_input"
@@ -68,6 +76,26 @@ def parse_generate(body: bytes, declared: set[str]) -> GenerateRequest:
     return GenerateRequest(text, given)
 
 
-def answer(model: str, version: str, text: str) -> dict[str, Any]:
-    """The answer (or one streamed event) carrying ``text``."""
-    return {"model_name": model, "model_version": version, "text_output": text}
+def answer(
+    model: str, version: str, text: str, logprobs: Sequence[TokenLogprob] | None = None
+) -> dict[str, Any]:
+    """The answer (or one streamed event) carrying ``text``, and with the ``logprobs``
+    parameter its tokens' log-probabilities (:func:`logprob_entries`)."""
+    made: dict[str, Any] = {"model_name": model, "model_version": version, "text_output": text}
+    if logprobs is not None:
+        made[LOGPROBS_OUTPUT] = logprob_entries(logprobs)
+    return made
+
+
+def logprob_entries(entries: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+    """Tokens' log-probabilities as the generate extension and the gRPC stream send them
+    (the ``logprobs`` output): ``[{"token", "logprob", "top_logprobs": [{"token",
+    "logprob"}]}]``, one per token, in order."""
+    return [
+        {
+            "token": entry.token,
+            "logprob": entry.logprob,
+            "top_logprobs": [{"token": text, "logprob": value} for text, value in entry.top],
+        }
+        for entry in entries
+    ]

@@ -106,6 +106,7 @@ class DataPlane:
         """
         call = self.call(deployment, caller)
         if deployment.scheduler is not None:
+            generation.refuse_logprobs(items)
             done = await generation.complete(call, items)
             return Inferred([answer.answer for answer in done])
         counts = TokenCounts(None, None)
@@ -146,6 +147,13 @@ class DataPlane:
     async def generate(self, deployment: Deployment, item: Any, caller: Caller) -> Generation:
         """One item's generation, its first piece there (:func:`.generation.open_stream`)."""
         return await generation.open_stream(self.call(deployment, caller), item)
+
+    async def generate_all(
+        self, deployment: Deployment, items: list[Any], caller: Caller
+    ) -> list[Generation]:
+        """Several items' generations (a request's choices), each with its first piece
+        (:func:`.generation.open_streams`)."""
+        return await generation.open_streams(self.call(deployment, caller), items)
 
     async def complete(
         self, deployment: Deployment, items: list[Any], caller: Caller

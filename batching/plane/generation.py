@@ -29,12 +29,14 @@ from batching.errors import (
     PayloadTooLarge,
 )
 from batching.models.generation.pieces import Answer, Piece, Status
+from batching.models.generation.token_logprobs import Echo, TokenLogprob
+from batching.models.parameters import TaskItem
 from batching.runtime.scheduler import StepScheduler, Stream
 
 from .calls import Call
 from .counting import count_tokens
 
-__all__ = ["Generation", "complete", "open_stream"]
+__all__ = ["Generation", "complete", "open_stream", "open_streams", "refuse_logprobs"]
 
 #: The reason each refusal of a generating request is counted under.
 _REASONS: tuple[tuple[type[BatchingError], str], ...] = (
@@ -57,6 +59,10 @@ class Generation:
     prompt_tokens: int = 0
     #: The model's answer to the whole item, once its last piece came.
     answer: Answer | None = None
+    #: Each generated token's log-probability so far, when the item asked (``logprobs``).
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    #: The prompt echoed, when the item asked (``echo``; on its first piece).
+    echo: Echo | None = None
     _counted: bool = field(default=False, repr=False)
 
     @property
@@ -86,6 +92,9 @@ class Generation:
             while piece is not None:
                 self.prompt_tokens = piece.prompt_tokens or self.prompt_tokens
                 self.text += piece.text
+                if piece.logprobs is not None:
+                    self.logprobs.append(piece.logprobs)
+                self.echo = piece.echo or self.echo
                 if piece.finish is not None:
                     self.answer = piece.answer
                     yield piece.text, True
@@ -198,6 +207,35 @@ async def open_stream(call: Call, item: Any) -> Generation:
     with _counted(call):
         (stream,) = await _submitted(call, [item])
         return await _first(call, stream)
+
+
+def refuse_logprobs(items: list[Any]) -> None:
+    """Refuse the ``logprobs`` parameter where the answer has no place for it (the plain
+    body, KServe v2 ``infer``): the generate doors answer it.
+
+    :raises InvalidRequest: an item asks for it.
+    """
+    if any(isinstance(item, TaskItem) and item.get("logprobs") is not None for item in items):
+        raise InvalidRequest(
+            "parameter 'logprobs' is answered by the generate doors (/v1/completions, "
+            "/v1/chat/completions, v2 generate and generate_stream, the gRPC stream), not here"
+        )
+
+
+async def open_streams(call: Call, items: list[Any]) -> list[Generation]:
+    """Submit ``items`` together (all or none: ``n`` choices of one request) and wait for
+    each one's first piece.
+
+    :raises BatchingError: as :func:`open_stream`; the others are cancelled.
+    """
+    with _counted(call):
+        streams = await _submitted(call, items)
+        try:
+            return list(await asyncio.gather(*(_first(call, stream) for stream in streams)))
+        except BaseException:
+            for stream in streams:
+                stream.cancel()
+            raise
 
 
 async def complete(call: Call, items: list[Any]) -> list[Generation]:

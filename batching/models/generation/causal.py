@@ -43,6 +43,7 @@ class TextGenerator(GenerationModel):
 
     auto_class: ClassVar[Any] = AutoModelForCausalLM
     answer_key: ClassVar[str] = "generated_text"
+    completion_in_context: ClassVar[bool] = True
 
     def __init__(
         self,

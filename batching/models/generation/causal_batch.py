@@ -27,12 +27,14 @@ views of buffers this batch owns (:class:`_Window`: rows by columns, with room t
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, cast
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from .logprobs import capture_hidden, prompt_echo, prompt_logprobs
 from .prefix_prefill import Prefill, Prefixes
 from .running import Prompt, Row, RunningBatchBase, pad
 
@@ -165,18 +167,37 @@ class DecodeBatch(RunningBatchBase[tuple[DynamicCache, torch.Tensor]]):
         """The newcomers in one forward, left-padded to the longest, with an attention mask
         and position ids that count real tokens only; what the prefix cache holds of their
         prompts is not computed again (:mod:`.prefix_prefill`)."""
-        logits, prefill = self._run([row.prompt.ids for row in rows])
+        # A row echoing its prompt's log-probabilities needs every prompt position computed:
+        # such a turn reuses no prefix (its blocks are still kept for later turns).
+        echoed = [row for row in rows if row.prompt.echo and row.prompt.logprobs is not None]
+        logits, prefill, hidden = self._run([row.prompt.ids for row in rows], whole=bool(echoed))
+        width = int(prefill.input_ids.shape[1])
+        for row in echoed:
+            index, length = rows.index(row), len(row.prompt.ids)
+            logprobs = prompt_logprobs(
+                self.model,
+                self.tokenizer,
+                hidden[0][index, width - length :],
+                row.prompt.ids,
+                row.prompt.logprobs or 0,
+                logits[index],
+            )
+            row.echo = prompt_echo(self.tokenizer, row.prompt.ids, logprobs)
         return logits, (prefill.cache, prefill.mask)
 
-    def _run(self, prompts: list[list[int]], count: bool = True) -> tuple[torch.Tensor, Prefill]:
+    def _run(
+        self, prompts: list[list[int]], count: bool = True, whole: bool = False
+    ) -> tuple[torch.Tensor, Prefill, list[torch.Tensor]]:
         """One forward of ``prompts`` (after one of the prefixes several of them share and the
-        cache lacks); their new blocks kept. ``count``: their finds are counted."""
-        shared = self.prefixes.shared(prompts) if self.prefixes is not None else []
+        cache lacks); their new blocks kept. ``count``: their finds are counted. ``whole``:
+        every prompt computed from its start, and the last hidden states captured."""
+        prefixes = None if whole else self.prefixes
+        shared = prefixes.shared(prompts) if prefixes is not None else []
         if shared:
             # Prefixes several newcomers share and the cache lacks: computed once, first.
             self._run(shared, count=False)
         prefill = Prefill.of(
-            prompts, self.pad, self.prefixes, self.model.config, self.device, count=count
+            prompts, self.pad, prefixes, self.model.config, self.device, count=count
         )
 
         def forward() -> Any:
@@ -190,10 +211,14 @@ class DecodeBatch(RunningBatchBase[tuple[DynamicCache, torch.Tensor]]):
                     logits_to_keep=1,
                 )
 
+        capture: AbstractContextManager[list[torch.Tensor]] = (
+            capture_hidden(self.model) if whole else nullcontext([])
+        )
         tokens = int(prefill.input_ids.numel())
-        output = self.threads.run(self.threads.prefills, len(prompts), tokens, forward)
+        with capture as hidden:
+            output = self.threads.run(self.threads.prefills, len(prompts), tokens, forward)
         prefill.keep(self.prefixes)
-        return output.logits[:, -1], prefill
+        return output.logits[:, -1], prefill, hidden
 
     def _append(self, rows: list[Row], joined: tuple[DynamicCache, torch.Tensor]) -> None:
         """The newcomers' cache rows copied into free rows of the buffers, right-aligned with

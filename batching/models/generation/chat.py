@@ -13,6 +13,8 @@ class Chat:
     """The messages of a chat, in order: ``(role, content)`` pairs."""
 
     messages: tuple[tuple[str, str], ...]
+    #: What the request gives the template to read (``chat_template_kwargs``, checked).
+    kwargs: tuple[tuple[str, object], ...] = ()
 
     def as_messages(self) -> list[dict[str, str]]:
         """The messages as a chat template takes them."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -33,7 +34,9 @@ from ..shared.text_models import DEFAULT_MAX_LENGTH, LazyCounter
 from ..shared.torch_models import WEIGHTS_LOADING, TokenCounter, resolve_device, warmup_text
 from ..tasks.generation import CHAT_TEMPLATE_KEY
 from .chat import Chat
+from .completion_rule import fit, rule_of
 from .pieces import Answer
+from .row_options import extras_of
 from .running import Prompt, RunningBatchBase
 from .settings import (
     MAX_NEW_TOKENS_CAP,
@@ -64,6 +67,8 @@ class GenerationModel:
     auto_class: ClassVar[Any] = AutoModelForCausalLM
     #: The answer's key (``{"generated_text": ...}``).
     answer_key: ClassVar[str] = "generated_text"
+    #: Whether the completion shares the input's context (a decoder's positions).
+    completion_in_context: ClassVar[bool] = False
 
     def __init__(
         self, task: str, path: str | os.PathLike[str], engine: EngineOptions | None = None
@@ -201,7 +206,19 @@ class GenerationModel:
         settings = Settings.of(parameters, self.defaults)
         limit = self.input_limit(settings)
         ids: list[int] = self._tokenizer(source, verbose=False)["input_ids"]
-        if len(ids) > limit:
+        rule = rule_of(parameters)
+        if rule is not None:
+            # The OpenAI doors' rule: their context-length check instead of a cut.
+            ids, length = fit(
+                rule,
+                ids,
+                self.input_length(),
+                rule.max_tokens or parameters.get("max_new_tokens"),
+                self.completion_in_context,
+            )
+            if length is not None:
+                settings = replace(settings, max_new_tokens=length)
+        elif len(ids) > limit:
             if not parameters.get("truncate", True):
                 raise PayloadTooLarge(
                     f"inputs[{index}] has {len(ids)} tokens; this model takes at most {limit}"
@@ -213,7 +230,15 @@ class GenerationModel:
             ids = self.empty_input()
             if not ids:
                 raise UnprocessableInput(f"inputs[{index}] is empty: give a text to start from")
-        return Prompt(text, ids, parameters, settings, parameters.get("seed"), stop)
+        return Prompt(
+            text,
+            ids,
+            parameters,
+            settings,
+            parameters.get("seed"),
+            stop,
+            **extras_of(parameters, rule, f"inputs[{index}]"),
+        )
 
     def limit_reason(self, settings: Settings) -> str:
         return ""
@@ -238,7 +263,7 @@ class GenerationModel:
                 "this model's tokenizer has no chat template: send a prompt to /v1/completions"
             )
         text = tokenizer.apply_chat_template(
-            chat.as_messages(), tokenize=False, add_generation_prompt=True
+            chat.as_messages(), tokenize=False, add_generation_prompt=True, **dict(chat.kwargs)
         )
         return TaskItem(text, item.parameters) if isinstance(item, TaskItem) else text
 
@@ -263,7 +288,18 @@ class GenerationModel:
             return 1
         parameters = dict(item.parameters) if isinstance(item, TaskItem) else {}
         settings = Settings.of(parameters, self.defaults)
-        return self._token_counter().count(text) + settings.max_new_tokens
+        prompt = self._token_counter().count(text)
+        rule = rule_of(parameters)
+        if rule is None:
+            return prompt + settings.max_new_tokens
+        if rule.truncate_prompt_tokens is not None:
+            prompt = min(prompt, rule.truncate_prompt_tokens)
+        if rule.max_tokens is not None:
+            return prompt + rule.max_tokens
+        if self.completion_in_context and parameters.get("max_new_tokens") is None:
+            # What is left of the context (a longer prompt is refused when prepared).
+            return max(prompt + 1, self.input_length())
+        return prompt + settings.max_new_tokens
 
     def token_length(self, item: Any, limit: int) -> int:
         """Tokens of an item's input before truncation, counted no further than ``limit``."""

@@ -3,8 +3,9 @@ sequence's life as one value (:class:`Status`), as vLLM's ``RequestStatus`` keep
 
 A sequence is ``WAITING`` until it joins a running batch, ``RUNNING`` while it generates, then
 finished for exactly one reason: its length (``max_new_tokens``), one of its stop strings, the
-model's end token, its client went away (cancelled), or an error (its own input, the model,
-its deadline). The running batch (:mod:`.running`) decides the first three, the scheduler
+model's end token, its structured-output constraint allowing no token (a dead end), its
+client went away (cancelled), or an error (its own input, the model, its deadline). The
+running batch (:mod:`.running`) decides the first four, the scheduler
 (:mod:`batching.runtime.scheduler`) the last two. Pure data: no torch.
 """
 
@@ -13,6 +14,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from typing import NamedTuple
+
+from .token_logprobs import Echo, TokenLogprob
 
 __all__ = ["Answer", "Joining", "Piece", "Status"]
 
@@ -30,6 +33,8 @@ class Status(enum.Enum):
     FINISHED_STOP = "stop"
     FINISHED_END = "end"
     FINISHED_CANCELLED = "cancelled"
+    #: A structured-output constraint allowed no next token (not even the end token).
+    FINISHED_DEAD_END = "dead_end"
     FINISHED_ERROR = "error"
 
     @property
@@ -44,6 +49,8 @@ class Status(enum.Enum):
             return "length"
         if self in (Status.FINISHED_STOP, Status.FINISHED_END):
             return "stop"
+        if self is Status.FINISHED_DEAD_END:
+            return "error"
         return None
 
 
@@ -62,6 +69,10 @@ class Piece:
     prompt_tokens: int = 0
     #: On the last piece: the answer to the whole item (what a door that gathers sends).
     answer: Answer | None = None
+    #: The token's log-probability, when its request asked (``logprobs``).
+    logprobs: TokenLogprob | None = None
+    #: On the first piece, when its request asked (``echo``): the prompt as the model read it.
+    echo: Echo | None = None
 
 
 class Joining(NamedTuple):

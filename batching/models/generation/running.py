@@ -40,9 +40,12 @@ from ..engines.contention import Contention
 from ..engines.cores import CORES
 from ..engines.governor import ThreadGovernor, thread_choices
 from ..engines.options import ADAPTIVE_THREADS_VARIABLE, thread_budget
+from .constraints import Constraint, tokenizer_of
+from .logprobs import prompt_echo, token_logprob
 from .pieces import Answer, Joining, Piece, Status
 from .sampling import Sampler, constraints
 from .settings import Settings
+from .token_logprobs import Echo, TokenLogprob
 
 __all__ = ["Prompt", "Row", "RunningBatchBase", "Threads", "held_back", "pad"]
 
@@ -64,6 +67,12 @@ class Prompt:
     #: Its request's ``seed`` (None: a random one, when it samples).
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    #: Each new token's log-probability and this many alternatives (None: none).
+    logprobs: int | None = None
+    #: Its structured-output grammar (:mod:`.grammars`), or None.
+    grammar: str | None = None
+    #: Its first piece echoes the prompt (with log-probabilities when ``logprobs`` is set).
+    echo: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -79,6 +88,8 @@ class Row:
     new_ids: list[int] = field(default_factory=list)
     #: Characters of the completion already handed out.
     sent: int = 0
+    #: What its first piece echoes (``echo``), until it is handed out.
+    echo: Echo | None = None
 
     def seen(self) -> list[int]:
         """The ids the row's processors read: its prefix and new tokens."""
@@ -268,8 +279,14 @@ class RunningBatchBase(Generic[Joined]):
             start=len(prefix),
             max_new_tokens=prompt.settings.max_new_tokens,
         )
-        sampler = Sampler(prompt.settings, prompt.seed, found, self.device)
-        return Row(key, prompt, sampler, prefix)
+        constraint = None
+        if prompt.grammar is not None:
+            vocabulary = int(self.model.get_output_embeddings().weight.shape[0])
+            llg = tokenizer_of(self.tokenizer, vocabulary, self.eos)
+            constraint = Constraint(llg, prompt.grammar)
+        sampler = Sampler(prompt.settings, prompt.seed, found, self.device, constraint)
+        echo = prompt_echo(self.tokenizer, prompt.ids) if prompt.echo else None
+        return Row(key, prompt, sampler, prefix, echo=echo)
 
     # -- step -------------------------------------------------------------------------------
 
@@ -289,17 +306,30 @@ class RunningBatchBase(Generic[Joined]):
     def _advance_all(self, rows: Seq[Row], logits: torch.Tensor) -> list[Piece]:
         """Each row's next token (one argmax for all greedy rows without processors, the
         others one by one), recorded."""
-        picked: list[int] = logits.argmax(dim=-1).tolist()
+        picked: list[int | None] = logits.argmax(dim=-1).tolist()
+        entries: list[TokenLogprob | None] = [None] * len(rows)
         for index, row in enumerate(rows):
-            if not row.sampler.greedy:
-                picked[index] = row.sampler.pick(logits[index], row.seen())
-        return [self._advance(row, token) for row, token in zip(rows, picked, strict=True)]
+            top = row.prompt.logprobs
+            if row.sampler.greedy and top is None:
+                continue
+            scores = row.sampler.scores(logits[index], row.seen())
+            token = picked[index] = row.sampler.draw(scores)
+            if top is not None and token is not None:
+                entries[index] = token_logprob(self.tokenizer, scores, token, top)
+        return [
+            self._advance(row, token, entry)
+            for row, token, entry in zip(rows, picked, entries, strict=True)
+        ]
 
-    def _advance(self, row: Row, token: int) -> Piece:
-        """Record ``token`` for ``row``: the text it adds and whether it ended the row."""
-        row.new_ids.append(token)
+    def _advance(self, row: Row, token: int | None, entry: TokenLogprob | None = None) -> Piece:
+        """Record ``token`` for ``row`` (None: its constraint allowed none): the text it adds
+        and whether it ended the row."""
         prompt, stops = row.prompt, row.prompt.stop
         finish: Status | None = None
+        if token is None:
+            finish, token = Status.FINISHED_DEAD_END, -1
+        else:
+            row.new_ids.append(token)
         if token in self.eos:
             finish = Status.FINISHED_END
         elif len(row.new_ids) >= prompt.settings.max_new_tokens:
@@ -312,14 +342,15 @@ class RunningBatchBase(Generic[Joined]):
         if finish is None:
             if text.endswith("\ufffd"):
                 # A partial character.
-                return Piece(row.key, token, "", None, len(prompt.ids))
+                text = text[: row.sent]
             text = text[: len(text) - held_back(text, stops)]
         added = text[row.sent :]
         row.sent = max(row.sent, len(text))
         answer = None
         if finish is not None and self.answer is not None:
             answer = self.answer(prompt, row.new_ids)
-        return Piece(row.key, token, added, finish, len(prompt.ids), answer)
+        echo, row.echo = row.echo, None
+        return Piece(row.key, token, added, finish, len(prompt.ids), answer, entry, echo)
 
     # -- leave ------------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from .constraints import Constraint
 from .settings import Settings
 
 __all__ = ["Sampler", "constraints", "token_ids"]
@@ -48,7 +49,7 @@ class Sampler:
     :param device: where its generator draws.
     """
 
-    __slots__ = ("generator", "processors")
+    __slots__ = ("constraint", "generator", "processors")
 
     def __init__(
         self,
@@ -56,19 +57,27 @@ class Sampler:
         seed: int | None,
         constraints: Iterable[LogitsProcessor],
         device: torch.device,
+        constraint: Constraint | None = None,
     ) -> None:
         processors = LogitsProcessorList()
         if settings.repetition_penalty != 1.0:
             processors.append(RepetitionPenaltyLogitsProcessor(settings.repetition_penalty))
         processors.extend(constraints)
+        #: The row's structured-output constraint: its mask applies before the warpers.
+        self.constraint = constraint
+        if constraint is not None:
+            processors.append(constraint)
         self.generator: torch.Generator | None = None
         if settings.do_sample:
             if settings.temperature != 1.0:
                 processors.append(TemperatureLogitsWarper(settings.temperature))
             if settings.top_k > 0:
                 processors.append(TopKLogitsWarper(settings.top_k))
-            if settings.top_p < 1.0:
+            if 0.0 < settings.top_p < 1.0:
                 processors.append(TopPLogitsWarper(settings.top_p))
+            elif settings.top_p <= 0.0:
+                # The limit of top_p toward 0: the most likely token alone.
+                processors.append(TopKLogitsWarper(1))
             seed = seed if seed is not None else secrets.randbits(63)
             self.generator = torch.Generator(device=device).manual_seed(seed)
         self.processors = processors
@@ -78,18 +87,33 @@ class Sampler:
         """Whether the next token is the argmax of the raw logits (no processor, no draw)."""
         return self.generator is None and not len(self.processors)
 
-    def pick(self, logits: torch.Tensor, seen: list[int]) -> int:
+    def pick(self, logits: torch.Tensor, seen: list[int]) -> int | None:
         """The next token from the row's ``logits``; ``seen`` is what the processors read as
         the ids so far (a causal LM's prompt and new tokens; an encoder-decoder's decoder
-        ids)."""
+        ids). None: its constraint allows no token."""
+        return self.draw(self.scores(logits, seen))
+
+    def scores(self, logits: torch.Tensor, seen: list[int]) -> torch.Tensor:
+        """The scores the row draws from (``[vocab]``): ``logits`` through its processors."""
         scores = logits.float().unsqueeze(0)
         if len(self.processors):
             ids = torch.tensor([seen], dtype=torch.long, device=logits.device)
-            scores = self.processors(ids, scores)  # type: ignore[arg-type]
+            scores = self.processors(ids, scores.clone())  # type: ignore[arg-type]
+        return scores[0]
+
+    def draw(self, scores: torch.Tensor) -> int | None:
+        """The token drawn from ``scores`` (:meth:`scores`), which advances the constraint;
+        None: the constraint allows none (the row's dead end)."""
+        if self.constraint is not None and not bool(torch.isfinite(scores).any()):
+            return None
         if self.generator is None:
-            return int(torch.argmax(scores[0]))
-        probabilities = torch.softmax(scores[0], dim=-1)
-        return int(torch.multinomial(probabilities, 1, generator=self.generator))
+            token = int(torch.argmax(scores))
+        else:
+            probabilities = torch.softmax(scores, dim=-1)
+            token = int(torch.multinomial(probabilities, 1, generator=self.generator))
+        if self.constraint is not None:
+            self.constraint.advance(token)
+        return token
 
 
 def constraints(

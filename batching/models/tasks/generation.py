@@ -30,6 +30,9 @@ __all__ = [
     "streams",
 ]
 
+#: The most alternatives a request may ask for per token (OpenAI's own cap).
+MAX_TOP_LOGPROBS = 20
+
 #: The most stop strings a request may give, and the longest one (characters).
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
@@ -81,6 +84,32 @@ GENERATION: tuple[Param, ...] = (
         default=True,
         batch_neutral=True,
         doc="cut an input too long for the model (false: 413 naming the limit)",
+    ),
+    Param(
+        "logprobs",
+        "integer",
+        minimum=0,
+        maximum=MAX_TOP_LOGPROBS,
+        batch_neutral=True,
+        doc="each new token's log-probability and this many most likely alternatives",
+    ),
+    Param(
+        "json_schema",
+        "string",
+        batch_neutral=True,
+        doc="the answer is JSON valid under this JSON schema (a JSON text)",
+    ),
+    Param(
+        "regex",
+        "string",
+        batch_neutral=True,
+        doc="the answer matches this regular expression",
+    ),
+    Param(
+        "grammar",
+        "string",
+        batch_neutral=True,
+        doc="the answer follows this grammar (llguidance's Lark syntax)",
     ),
 )
 

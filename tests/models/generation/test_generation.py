@@ -207,6 +207,10 @@ def test_metadata_declares_the_parameters_and_bounds_max_new_tokens(gpt2: TextGe
         "stop",
         "truncate",
         "return_full_text",
+        "logprobs",
+        "json_schema",
+        "regex",
+        "grammar",
     }
     assert declared["max_new_tokens"]["maximum"] == GPT2_POSITIONS - 1
     assert declared["max_new_tokens"]["default"] == GPT2_POSITIONS // 2

@@ -158,8 +158,8 @@ def test_seeded_sampling_repeats(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize(
     ("body", "says"),
     [
-        ({"n": 2}, "n: only 1"),
-        ({"logprobs": 3}, "logprobs"),
+        ({"n": 17}, "n must be"),
+        ({"logprobs": 6}, "logprobs"),
         ({"frobnicate": 1}, "frobnicate"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"temperature": 5}, "temperature"),
@@ -200,9 +200,10 @@ def test_the_stream_is_server_sent_events_ending_with_done(url: str) -> None:
 class Failing:
     """A generation whose second piece fails (the model raised on a later step)."""
 
-    finish = None
+    finish_reason = echo = None
     prompt_tokens = completion_tokens = 1
     closed = False
+    logprobs: list[Any] = []
 
     async def pieces(self) -> Any:
         yield "a"
@@ -224,7 +225,7 @@ def test_an_error_mid_stream_is_an_error_event_and_no_done() -> None:
     generation = Failing()
 
     async def collect() -> list[bytes]:
-        return [event async for event in _events(parsed, generation, "req-1")]  # type: ignore[arg-type]
+        return [event async for event in _events(parsed, [generation], "req-1")]  # type: ignore[list-item]
 
     events = asyncio.run(collect())
     assert len(events) == 2
@@ -439,9 +440,10 @@ def test_a_stream_that_stops_being_read_closes_its_generation() -> None:
     from batching.http.completions import _events
 
     class Endless:
-        finish = None
+        finish_reason = echo = None
         prompt_tokens = completion_tokens = 1
         closed = False
+        logprobs: list[Any] = []
 
         async def pieces(self) -> Any:
             while True:
@@ -454,7 +456,7 @@ def test_a_stream_that_stops_being_read_closes_its_generation() -> None:
     generation = Endless()
 
     async def read_one_then_leave() -> None:
-        events = _events(parsed, generation, "req-2")  # type: ignore[arg-type]
+        events = _events(parsed, [generation], "req-2")  # type: ignore[list-item]
         await anext(events)
         await events.aclose()  # what Starlette does when the client disconnects
 
