@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:  # for annotations only: importing this module imports no numpy
     from numpy.typing import NDArray
 
+    from .items import Item
+
 __all__ = [
     "EXPANDS_KEY",
     "MAX_SEQ_LENGTH_KEY",
@@ -160,13 +162,13 @@ MAX_SEQ_LENGTH_KEY = "max_seq_length"
 class ModelHooks:
     """The optional hooks of one model object, each None where the model lacks it."""
 
-    warmup_inputs: Callable[[int], Sequence[Sequence[Any]]] | None
-    count_tokens: Callable[[Any], int] | None
-    token_length: Callable[[Any, int], int] | None
+    warmup_inputs: Callable[[int], Sequence[Sequence[Item]]] | None
+    count_tokens: Callable[[Item], int] | None
+    token_length: Callable[[Item, int], int] | None
     metadata: Callable[[], dict[str, Any]] | None
     max_seq_length: int | None
-    expand: Callable[[Any], list[Any]] | None = None
-    join: Callable[[Any, list[Any]], Any] | None = None
+    expand: Callable[[Item], list[Item]] | None = None
+    join: Callable[[Item, list[object]], object] | None = None
 
 
 def hooks_of(model: object) -> ModelHooks:
