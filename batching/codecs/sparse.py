@@ -13,13 +13,13 @@ with ``"token"`` (the vocabulary entry) when ``return_tokens`` is true; indices 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from batching.errors import InvalidRequest
+from batching.errors import InferenceFailed, InvalidRequest
 from batching.models.items import EMBEDDING_KEY, EmbedItem, SparseVector
 from batching.runtime.deployment import Deployment
 
@@ -190,10 +190,15 @@ def check_lengths(lengths: list[int], max_length: int) -> None:
             )
 
 
-def encode_sparse(vectors: list[SparseVector], return_tokens: bool) -> bytes:
-    """TEI's answer: per text, ``[{"index", "value"(, "token")}]`` of its non-zeros."""
+def encode_sparse(outputs: Sequence[object], return_tokens: bool) -> bytes:
+    """TEI's answer: per text, ``[{"index", "value"(, "token")}]`` of its non-zeros.
+
+    :raises InferenceFailed: the model answered with something else than sparse vectors.
+    """
     answer: list[list[dict[str, Any]]] = []
-    for vector in vectors:
+    for vector in outputs:
+        if not isinstance(vector, SparseVector):
+            raise InferenceFailed(f"the model answered a sparse item with {type(vector).__name__}")
         indices = vector.indices.tolist()
         values = vector.values.tolist()
         if return_tokens:

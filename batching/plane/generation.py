@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from batching.errors import (
     BatchingError,
@@ -28,6 +27,7 @@ from batching.errors import (
     Overloaded,
     PayloadTooLarge,
 )
+from batching.models.items import Item
 from batching.models.pieces import Answer, Piece, Status
 from batching.runtime.decoding import StepScheduler, Stream
 
@@ -147,7 +147,7 @@ def _counted(call: Call) -> Iterator[None]:
         raise
 
 
-async def _submitted(call: Call, items: list[Any]) -> list[Stream]:
+async def _submitted(call: Call, items: Sequence[Item]) -> list[Stream]:
     """``items`` accepted by the model's scheduler, each with its cost in tokens; all or
     none (a refusal cancels the ones submitted before it)."""
     scheduler = _scheduler(call)
@@ -186,7 +186,7 @@ async def _first(call: Call, stream: Stream) -> Generation:
     return Generation(call, stream, first)
 
 
-async def open_stream(call: Call, item: Any) -> Generation:
+async def open_stream(call: Call, item: Item) -> Generation:
     """Submit ``item`` (a text or a chat, with its parameters) to the model's decode loop and
     wait for its first piece.
 
@@ -200,7 +200,7 @@ async def open_stream(call: Call, item: Any) -> Generation:
         return await _first(call, stream)
 
 
-async def complete(call: Call, items: list[Any]) -> list[Generation]:
+async def complete(call: Call, items: Sequence[Item]) -> list[Generation]:
     """Every item generated to its end, together, in order (each answer gathered from its
     pieces).
 
@@ -214,7 +214,7 @@ async def complete(call: Call, items: list[Any]) -> list[Generation]:
         watcher = asyncio.ensure_future(disconnected()) if disconnected is not None else None
         gone = False
         try:
-            remaining: set[asyncio.Future[Any]] = set(tasks)
+            remaining: set[asyncio.Task[Generation]] = set(tasks)
             while remaining and not gone:
                 waited = remaining if watcher is None else remaining | {watcher}
                 done, _ = await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
