@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -278,7 +277,7 @@ def create_app(
     logs = log_settings if log_settings is not None else LogSettings()
     grpc_server = None
     if grpc_port:
-        interceptors: list[Any] = []
+        interceptors: list[object] = []
         if tracer is not None:
             from batching.grpc.tracing import TracingInterceptor
 

@@ -64,13 +64,13 @@ class CompletionRequest:
 
     model: str
     input: str | Chat
-    parameters: dict[str, Any]
+    parameters: dict[str, object]
     stream: bool
     include_usage: bool
     chat: bool
 
 
-def _object(body: bytes) -> dict[str, Any]:
+def _object(body: bytes) -> dict[str, object]:
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -80,7 +80,7 @@ def _object(body: bytes) -> dict[str, Any]:
     return parsed
 
 
-def _number(body: dict[str, Any], key: str, low: float, high: float) -> float | None:
+def _number(body: dict[str, object], key: str, low: float, high: float) -> float | None:
     value = body.get(key)
     if value is None:
         return None
@@ -89,7 +89,10 @@ def _number(body: dict[str, Any], key: str, low: float, high: float) -> float | 
     return float(value)
 
 
-def _common(body: dict[str, Any], allowed: set[str], max_key: str) -> dict[str, Any]:
+def _common(
+    body: dict[str, object], allowed: set[str], max_key: str
+) -> tuple[str, dict[str, object]]:
+    """The model a body names, and the task parameters its fields set."""
     for key, value in body.items():
         if key in allowed:
             continue
@@ -104,7 +107,7 @@ def _common(body: dict[str, Any], allowed: set[str], max_key: str) -> dict[str, 
     n = body.get("n")
     if n is not None and (isinstance(n, bool) or n != 1):
         raise InvalidRequest("n: only 1 is supported (one choice per request)")
-    parameters: dict[str, Any] = {}
+    parameters: dict[str, object] = {}
     maximum = body.get(max_key)
     if maximum is None and max_key != "max_tokens":
         maximum = body.get("max_tokens")
@@ -133,10 +136,10 @@ def _common(body: dict[str, Any], allowed: set[str], max_key: str) -> dict[str, 
             raise InvalidRequest("stop must be a string or a list of strings")
         if stop:
             parameters["stop"] = stop
-    return parameters
+    return model, parameters
 
 
-def _streaming(body: dict[str, Any]) -> tuple[bool, bool]:
+def _streaming(body: dict[str, object]) -> tuple[bool, bool]:
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise InvalidRequest("stream must be true or false")
@@ -160,17 +163,17 @@ def parse_completion(body: bytes) -> CompletionRequest:
     :raises InvalidRequest: what the module docstring says is refused.
     """
     parsed = _object(body)
-    parameters = _common(parsed, _COMMON | {"prompt"}, "max_tokens")
+    model, parameters = _common(parsed, _COMMON | {"prompt"}, "max_tokens")
     prompt = parsed.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise InvalidRequest("prompt must be a string (one prompt per request)")
     stream, include = _streaming(parsed)
-    return CompletionRequest(parsed["model"], prompt, parameters, stream, include, False)
+    return CompletionRequest(model, prompt, parameters, stream, include, False)
 
 
-def _content(index: int, content: Any) -> str:
+def _content(index: int, content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -194,7 +197,7 @@ def parse_chat(body: bytes) -> CompletionRequest:
     """
     parsed = _object(body)
     allowed = _COMMON | {"messages", "max_completion_tokens"}
-    parameters = _common(parsed, allowed, "max_completion_tokens")
+    model, parameters = _common(parsed, allowed, "max_completion_tokens")
     messages = parsed.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages must be a non-empty list")
@@ -209,7 +212,7 @@ def parse_chat(body: bytes) -> CompletionRequest:
             raise InvalidRequest(f"messages[{index}]: only role, content and name are supported")
         pairs.append((str(role), _content(index, message.get("content"))))
     stream, include = _streaming(parsed)
-    return CompletionRequest(parsed["model"], Chat(tuple(pairs)), parameters, stream, include, True)
+    return CompletionRequest(model, Chat(tuple(pairs)), parameters, stream, include, True)
 
 
 def new_id(chat: bool) -> str:
@@ -234,7 +237,7 @@ def completion(
     counts: dict[str, int],
 ) -> bytes:
     """The answer of a request without ``stream``."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+    choice: dict[str, object] = {"index": 0, "logprobs": None, "finish_reason": finish}
     if request.chat:
         choice["message"] = {"role": "assistant", "content": text}
     else:
@@ -259,11 +262,11 @@ def chunk(
     finish: str | None = None,
     *,
     first: bool = False,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """One streamed chunk: a piece of text, or the end (``finish``)."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+    choice: dict[str, object] = {"index": 0, "logprobs": None, "finish_reason": finish}
     if request.chat:
-        delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        delta: dict[str, object] = {"role": "assistant"} if first else {}
         if text is not None:
             delta["content"] = text
         choice["delta"] = delta
@@ -281,7 +284,7 @@ def chunk(
 
 def usage_chunk(
     request: CompletionRequest, answer_id: str, created: int, counts: dict[str, int]
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The chunk before ``[DONE]`` when ``stream_options.include_usage`` is set."""
     return {
         "id": answer_id,
@@ -293,7 +296,7 @@ def usage_chunk(
     }
 
 
-def sse(data: dict[str, Any] | str) -> bytes:
+def sse(data: dict[str, object] | str) -> bytes:
     """One server-sent event: ``data: <json>`` and a blank line."""
     payload = data.encode() if isinstance(data, str) else orjson.dumps(data)
     return b"data: " + payload + b"\n\n"

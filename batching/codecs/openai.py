@@ -30,13 +30,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import orjson
 
+from batching.documents import listed
 from batching.errors import InvalidRequest
 
+from .capability import first_output
 from .embed_options import WIRE_ENCODINGS, EmbedOptions, encode_vector, read_options
 from .json_types import json_type
 
@@ -98,7 +99,7 @@ class EmbeddingsRequest:
     options: EmbedOptions = field(default_factory=EmbedOptions)
 
 
-def json_object(body: bytes) -> dict[str, Any]:
+def json_object(body: bytes) -> dict[str, object]:
     """The request body as a JSON object.
 
     :raises OpenAIError: not JSON, or not an object.
@@ -117,7 +118,7 @@ def json_object(body: bytes) -> dict[str, Any]:
     return document
 
 
-def model_name(document: Mapping[str, Any]) -> str:
+def model_name(document: Mapping[str, object]) -> str:
     """The required ``model`` of a request.
 
     :raises OpenAIError: missing, or not a non-empty string.
@@ -136,7 +137,7 @@ def model_name(document: Mapping[str, Any]) -> str:
     return model
 
 
-def _is_token_id(value: Any) -> bool:
+def _is_token_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -149,7 +150,7 @@ def _token_ids_error(where: str) -> OpenAIError:
     )
 
 
-def _texts(value: Any) -> list[str]:
+def _texts(value: object) -> list[str]:
     if value is None:
         raise OpenAIError(
             "you must provide an input parameter: a string or an array of strings",
@@ -239,21 +240,15 @@ def check_token_limits(lengths: Sequence[int]) -> None:
 # --- what a model's metadata says ----------------------------------------------------------
 
 
-def _first_output(metadata: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    outputs = metadata.get("outputs") or []
-    first = outputs[0] if outputs else None
-    return first if isinstance(first, Mapping) else None
-
-
-def is_embedding_model(metadata: Mapping[str, Any]) -> bool:
+def is_embedding_model(metadata: Mapping[str, object]) -> bool:
     """Whether a model's metadata describes an embedding model: its first input is text
     (BYTES) and its first output one FP32 vector per item (shape ``[-1, dim]``)."""
-    inputs = metadata.get("inputs") or []
+    inputs = listed(metadata.get("inputs"))
     if not inputs or not isinstance(inputs[0], Mapping) or inputs[0].get("datatype") != "BYTES":
         return False
     if any(isinstance(extra, Mapping) and not extra.get("optional") for extra in inputs[1:]):
         return False
-    output = _first_output(metadata)
+    output = first_output(metadata)
     if output is None or output.get("datatype") != "FP32":
         return False
     shape = output.get("shape")
@@ -279,7 +274,7 @@ def encode_embeddings(
     as_base64 = encoding_format == "base64" or encoding_format.endswith("+base64")
     data = []
     for index, vector in enumerate(vectors):
-        entry: dict[str, Any] = {
+        entry: dict[str, object] = {
             "object": "embedding",
             "index": index,
             "embedding": encode_vector(vector, as_base64),
@@ -298,18 +293,18 @@ def encode_embeddings(
     )
 
 
-def _model_object(name: str, created: int, extra: Mapping[str, Any]) -> dict[str, Any]:
+def _model_object(name: str, created: int, extra: Mapping[str, object]) -> dict[str, object]:
     return {"id": name, "object": "model", "created": created, "owned_by": "batching", **extra}
 
 
-def encode_models(models: Iterable[tuple[str, Mapping[str, Any]]], created: int) -> bytes:
+def encode_models(models: Iterable[tuple[str, Mapping[str, object]]], created: int) -> bytes:
     """The ``GET /v1/models`` answer: each model's name and what else describes it."""
     return orjson.dumps(
         {"object": "list", "data": [_model_object(name, created, extra) for name, extra in models]}
     )
 
 
-def encode_model(name: str, created: int, extra: Mapping[str, Any]) -> bytes:
+def encode_model(name: str, created: int, extra: Mapping[str, object]) -> bytes:
     """The ``GET /v1/models/{model}`` answer."""
     return orjson.dumps(_model_object(name, created, extra))
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
@@ -39,7 +38,7 @@ __all__ = [
 ]
 
 
-def json_object(body: bytes, keys: Sequence[str], route: str) -> dict[str, Any]:
+def json_object(body: bytes, keys: Sequence[str], route: str) -> dict[str, object]:
     """The body as a JSON object with no key outside ``keys``.
 
     :raises InvalidRequest: not JSON, not an object, or an unknown key.
@@ -60,7 +59,7 @@ def json_object(body: bytes, keys: Sequence[str], route: str) -> dict[str, Any]:
     return document
 
 
-def optional_bool(document: Mapping[str, Any], key: str, default: bool) -> bool:
+def optional_bool(document: Mapping[str, object], key: str, default: bool) -> bool:
     value = document.get(key)
     if value is None:
         return default
@@ -69,14 +68,14 @@ def optional_bool(document: Mapping[str, Any], key: str, default: bool) -> bool:
     return value
 
 
-def optional_str(document: Mapping[str, Any], key: str) -> str | None:
+def optional_str(document: Mapping[str, object], key: str) -> str | None:
     value = document.get(key)
     if value is not None and not isinstance(value, str):
         raise InvalidRequest(f"{key!r} must be a string, not {type(value).__name__}")
     return value
 
 
-def texts_of(document: Mapping[str, Any]) -> list[str]:
+def texts_of(document: Mapping[str, object]) -> list[str]:
     """``inputs``: one text, or a non-empty list of texts.
 
     :raises InvalidRequest: missing, empty, or not text.
@@ -137,7 +136,7 @@ class DecodeRequest:
 DECODE_KEYS = ("ids", "skip_special_tokens", "model")
 
 
-def _is_id(value: Any) -> bool:
+def _is_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
@@ -191,13 +190,13 @@ def usage_of(counts: Sequence[int]) -> dict[str, int]:
     return {"prompt_tokens": total, "total_tokens": total}
 
 
-def _check_tokens(output: Any) -> Tokens:
+def _check_tokens(output: object) -> Tokens:
     if not isinstance(output, Tokens):
         raise InferenceFailed(f"the model answered a tokenize item with {type(output).__name__}")
     return output
 
 
-def encode_tokens(model: str, outputs: Sequence[Any]) -> bytes:
+def encode_tokens(model: str, outputs: Sequence[object]) -> bytes:
     """The ``/tokenize`` answer of the model's :class:`Tokens`, one per text."""
     texts = []
     counts = []
@@ -214,7 +213,7 @@ def encode_tokens(model: str, outputs: Sequence[Any]) -> bytes:
     return orjson.dumps({"model": model, "tokens": texts, "usage": usage_of(counts)})
 
 
-def encode_decoded(model: str, outputs: Sequence[Any]) -> bytes:
+def encode_decoded(model: str, outputs: Sequence[object]) -> bytes:
     """The ``/decode`` answer: one text per sequence."""
     for output in outputs:
         if not isinstance(output, str):

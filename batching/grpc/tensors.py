@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from tritonclient.grpc import service_pb2
@@ -38,7 +38,14 @@ from batching.kserve.tensors import (
     array_from_buffer,
 )
 
-__all__ = ["check_item_count", "encode_infer_response", "parameters_of", "parse_infer_request"]
+__all__ = [
+    "Choice",
+    "check_item_count",
+    "choice_value",
+    "encode_infer_response",
+    "parameters_of",
+    "parse_infer_request",
+]
 
 #: The typed ``contents`` field each datatype's elements go in (Triton's rule).
 CONTENTS_FIELD: dict[str, str] = {
@@ -60,13 +67,22 @@ CONTENTS_FIELD: dict[str, str] = {
 _MAX_RANK = 32
 
 
-def parameters_of(parameters: Mapping[str, Any]) -> dict[str, Any]:
+class Choice(Protocol):
+    """A protobuf message whose value is one of several fields (``InferParameter``, a log
+    setting's value): its ``parameter_choice``."""
+
+    def WhichOneof(self, group: str, /) -> str | None: ...
+
+
+def choice_value(value: Choice) -> object:
+    """The plain value of ``value``'s ``parameter_choice``; None when none is set."""
+    kind = value.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(value, kind)
+
+
+def parameters_of(parameters: Mapping[str, Choice]) -> dict[str, object]:
     """A protobuf ``map<string, InferParameter>`` as a dict of plain values."""
-    values: dict[str, Any] = {}
-    for key, parameter in parameters.items():
-        choice = parameter.WhichOneof("parameter_choice")
-        values[key] = None if choice is None else getattr(parameter, choice)
-    return values
+    return {key: choice_value(parameter) for key, parameter in parameters.items()}
 
 
 def check_item_count(request: Any, cap: int) -> None:
@@ -226,7 +242,7 @@ def encode_infer_response(
     model_version: str,
     request_id: str | None,
     outputs: list[InferTensor],
-    parameters: Mapping[str, Any] | None = None,
+    parameters: Mapping[str, object] | None = None,
 ) -> Any:
     """A ``ModelInferResponse`` carrying ``outputs`` in ``raw_output_contents``, and
     ``parameters`` (bool, int or str values) in its parameters.

@@ -19,7 +19,6 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -166,7 +165,7 @@ def openai_endpoint(handler: Endpoint, method: str) -> Endpoint:
 
 
 def served_model(
-    plane: DataPlane, name: str, fits: Callable[[Mapping[str, Any]], bool], kind: str
+    plane: DataPlane, name: str, fits: Callable[[Mapping[str, object]], bool], kind: str
 ) -> Deployment:
     """The deployment serving ``name``, if it is a ``kind`` model (``fits`` its metadata).
     A model still loading has no metadata yet: it is taken as it is, and its request will
@@ -218,7 +217,7 @@ def openai_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
             )
             return _json(result)
 
-    def described(deployment: Deployment) -> dict[str, Any]:
+    def described(deployment: Deployment) -> dict[str, object]:
         return served(deployment.name, deployment.metadata, deployment.config.task)
 
     async def models(request: Request) -> Response:

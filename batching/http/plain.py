@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -18,6 +16,7 @@ from batching.codecs.inputs import input_specs
 from batching.codecs.openai import is_embedding_model
 from batching.codecs.plain import (
     check_inputs,
+    check_texts,
     encode_embeddings,
     encode_outputs,
     media_request,
@@ -35,7 +34,7 @@ from .requests import read_body
 __all__ = ["plain_routes"]
 
 
-def _embeds(deployment: Deployment, options: dict[str, Any]) -> bool:
+def _embeds(deployment: Deployment, options: dict[str, object]) -> bool:
     """Whether the request goes the embedding way: the model declares embedding options, or
     the request sets some (then the model must be an embedding model)."""
     metadata = deployment.metadata
@@ -66,7 +65,7 @@ def plain_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
             limit = None
             if parsed.options and serves_sparse(deployment.metadata):
                 # A sparse model's options: its items, and the 413 of truncate: false.
-                asked = options_request(inputs, parsed.options, where="the request")
+                asked = options_request(check_texts(inputs), parsed.options, where="the request")
                 inputs = sparse_items(asked, deployment.metadata)
                 limit = refused_length(deployment, parsed.options.get("truncate"))
             elif declares_parameters(deployment):
@@ -74,7 +73,7 @@ def plain_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
                 inputs = task_items(deployment, inputs, parsed.options, where="the request")
             elif _embeds(deployment, parsed.options):
                 plan = plan_embedding(
-                    inputs,
+                    check_texts(inputs),
                     read_options(parsed.options, where="the request"),
                     deployment.metadata,
                     model=deployment.name,

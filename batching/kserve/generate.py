@@ -14,7 +14,6 @@ first byte as ``data: {"error": "..."}``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
@@ -29,7 +28,7 @@ TEXT_INPUT = "text_input"
 @dataclass(frozen=True, slots=True)
 class GenerateRequest:
     text: str
-    parameters: dict[str, Any]
+    parameters: dict[str, object]
 
 
 def parse_generate(body: bytes, declared: set[str]) -> GenerateRequest:
@@ -51,7 +50,7 @@ def parse_generate(body: bytes, declared: set[str]) -> GenerateRequest:
     parameters = parsed.pop("parameters", None) or {}
     if not isinstance(parameters, dict):
         raise InvalidRequest("parameters must be an object")
-    given: dict[str, Any] = {}
+    given: dict[str, object] = {}
     for source in (parsed, parameters):
         for key, value in source.items():
             name = "max_new_tokens" if key == "max_tokens" else key
@@ -68,6 +67,6 @@ def parse_generate(body: bytes, declared: set[str]) -> GenerateRequest:
     return GenerateRequest(text, given)
 
 
-def answer(model: str, version: str, text: str) -> dict[str, Any]:
+def answer(model: str, version: str, text: str) -> dict[str, object]:
     """The answer (or one streamed event) carrying ``text``."""
     return {"model_name": model, "model_version": version, "text_output": text}

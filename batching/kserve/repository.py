@@ -9,7 +9,6 @@ is any other parameter. A model's files come from the repository only.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import orjson
 
@@ -18,7 +17,7 @@ from batching.errors import InvalidRequest
 __all__ = ["load_overrides", "check_unload_parameters", "parameters_of"]
 
 
-def parameters_of(body: bytes) -> dict[str, Any]:
+def parameters_of(body: bytes) -> dict[str, object]:
     """The ``parameters`` object of a load or unload call's JSON body (an empty body has
     none).
 
@@ -41,13 +40,13 @@ def parameters_of(body: bytes) -> dict[str, Any]:
     return parameters
 
 
-def load_overrides(parameters: Mapping[str, Any]) -> dict[str, Any] | None:
+def load_overrides(parameters: Mapping[str, object]) -> dict[str, object] | None:
     """The configuration a load call's ``config`` parameter overrides (a JSON object, or a
     string holding one as Triton's clients send it); None without one.
 
     :raises InvalidRequest: a model file, another parameter, or a config that is no object.
     """
-    config: dict[str, Any] | None = None
+    config: dict[str, object] | None = None
     for key, value in parameters.items():
         if key.startswith("file:"):
             raise InvalidRequest(
@@ -67,7 +66,7 @@ def load_overrides(parameters: Mapping[str, Any]) -> dict[str, Any] | None:
     return config
 
 
-def check_unload_parameters(parameters: Mapping[str, Any]) -> None:
+def check_unload_parameters(parameters: Mapping[str, object]) -> None:
     """An unload takes ``unload_dependents`` (a model here has none, so true and false are
     the same); nothing else.
 

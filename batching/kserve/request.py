@@ -177,7 +177,7 @@ def _parse_shape(where: str, shape: Any, itemsize: int) -> list[int]:
     return shape
 
 
-def _parameters(container: dict[str, Any], where: str) -> dict[str, Any]:
+def _parameters(container: dict[str, object], where: str) -> dict[str, object]:
     parameters = container.get("parameters", {})
     if parameters is None:
         return {}
@@ -254,7 +254,8 @@ def _array_from_json(where: str, datatype: str, data: Any, count: int) -> np.nda
         return array
     if dtype.kind in "iu" and flat:
         info = np.iinfo(dtype)
-        low, high = min(flat), max(flat)
+        ints = [value for value in flat if isinstance(value, int)]
+        low, high = min(ints), max(ints)
         if low < info.min or high > info.max:
             raise InvalidRequest(
                 f"{where}: values must lie in [{info.min}, {info.max}] for {datatype}, "
@@ -270,10 +271,10 @@ def _array_from_json(where: str, datatype: str, data: Any, count: int) -> np.nda
     return np.array(flat, dtype=dtype)
 
 
-def _flatten(data: list[Any]) -> list[Any]:
+def _flatten(data: list[object]) -> list[object]:
     if list not in set(map(type, data)):
         return data
-    flat: list[Any] = []
+    flat: list[object] = []
     # An explicit stack, since nesting depth is the client's to choose.
     stack = [iter(data)]
     while stack:
@@ -287,5 +288,5 @@ def _flatten(data: list[Any]) -> list[Any]:
     return flat
 
 
-def _json_type(value: Any) -> str:
+def _json_type(value: object) -> str:
     return _JSON_TYPE_NAMES.get(type(value), type(value).__name__)

@@ -29,6 +29,7 @@ import numpy as np
 import orjson
 
 from batching.errors import InvalidRequest, UnprocessableInput
+from batching.models.items import Item
 
 __all__ = [
     "DATATYPES",
@@ -77,7 +78,7 @@ class InferTensor:
     datatype: str
     shape: list[int]
     data: np.ndarray
-    parameters: dict[str, Any] = field(default_factory=dict)
+    parameters: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass
@@ -87,7 +88,7 @@ class RequestedOutput:
 
     name: str
     binary_data: bool | None = None
-    parameters: dict[str, Any] = field(default_factory=dict)
+    parameters: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass
@@ -97,7 +98,7 @@ class InferRequest:
     id: str | None
     inputs: list[InferTensor]
     outputs: list[RequestedOutput] = field(default_factory=list)
-    parameters: dict[str, Any] = field(default_factory=dict)
+    parameters: dict[str, object] = field(default_factory=dict)
 
     def binary_output_default(self) -> bool:
         """The top-level ``binary_data_output`` parameter: whether outputs go out as binary
@@ -134,7 +135,7 @@ def datatype_of(dtype: np.dtype[Any]) -> str:
         raise ValueError(f"numpy dtype {dtype} has no v2 datatype") from None
 
 
-def tensor_from_rows(name: str, rows: Sequence[Any] | np.ndarray) -> InferTensor:
+def tensor_from_rows(name: str, rows: Sequence[object] | np.ndarray) -> InferTensor:
     """Build an output tensor from one model output per batch item.
 
     - A numpy array is taken as already batched: its first dimension is the items.
@@ -166,7 +167,8 @@ def tensor_from_rows(name: str, rows: Sequence[Any] | np.ndarray) -> InferTensor
     elif kinds == {bool}:
         return _numeric_tensor(name, np.array(rows, dtype=np.bool_))
     elif kinds <= {int, float}:
-        if kinds == {int} and -(2**63) <= min(rows) and max(rows) <= INT64_MAX:
+        numbers = [row for row in rows if isinstance(row, int | float)]
+        if kinds == {int} and -(2**63) <= min(numbers) and max(numbers) <= INT64_MAX:
             return _numeric_tensor(name, np.array(rows, dtype=np.int64))
         # Ints beyond INT64 land here too: orjson cannot write them as JSON either.
         with np.errstate(over="ignore"):
@@ -191,13 +193,13 @@ def _numeric_tensor(name: str, array: np.ndarray) -> InferTensor:
     return InferTensor(name, datatype, list(array.shape), array)
 
 
-def _bytes_tensor(name: str, items: list[Any]) -> InferTensor:
+def _bytes_tensor(name: str, items: Sequence[object]) -> InferTensor:
     array = np.empty((len(items), 1), dtype=object)
     array[:, 0] = items
     return InferTensor(name, "BYTES", [len(items), 1], array)
 
 
-def rows_from_tensor(tensor: InferTensor) -> list[Any]:
+def rows_from_tensor(tensor: InferTensor) -> list[Item]:
     """Split an input tensor into the per-item inputs a model's ``predict()`` takes.
 
     The first dimension is the batch. BYTES ``[n]`` or ``[n, 1]`` gives n ``str`` (binary

@@ -17,6 +17,7 @@ Pure data: no torch, no numpy at import (outputs are numpy arrays made by the mo
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, Union
 
@@ -152,8 +153,10 @@ def item_text(item: object) -> str | None:
 #: (a number, a row of numbers, an object); a media input's ``bytes``; a numeric tensor's row
 #: (a numpy array, or a numpy scalar); a dict of a model's named inputs; a task's input with
 #: its parameters (:class:`~batching.models.parameters.TaskItem`); an embedding, tokenize or
-#: decode item; a chat's messages (:class:`~batching.models.chat.Chat`). The batcher, the data
-#: plane and the running batches carry it; a model's ``predict`` narrows it to what it takes.
+#: decode item; a chat's messages (:class:`~batching.models.chat.Chat`). Its containers are
+#: read-only (``Sequence``, ``Mapping``), so a list of texts or a dict of bytes is one. The
+#: batcher, the data plane and the running batches carry it; a model narrows it to what it
+#: takes.
 Item: TypeAlias = Union[  # noqa: UP007 (the numpy and chat names exist for the checker only)
     str,
     bytes,
@@ -168,6 +171,6 @@ Item: TypeAlias = Union[  # noqa: UP007 (the numpy and chat names exist for the 
     "Chat",
     "NDArray[Any]",
     "generic",
-    list["Item"],
-    dict[str, "Item"],
+    Sequence["Item"],
+    Mapping[str, "Item"],
 ]

@@ -12,7 +12,7 @@ has ``load`` and ``predict`` are served alike.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -29,6 +29,7 @@ __all__ = [
     "ModelHooks",
     "hooks_of",
     "load_model",
+    "tensors_of",
     "warmup_batches",
 ]
 
@@ -198,6 +199,15 @@ def _own(model: object, name: str) -> Any:
     if getattr(type(model), name, None) is getattr(ModelBase, name):
         return None
     return method
+
+
+def tensors_of(metadata: Mapping[str, object], kind: str) -> list[Mapping[str, object]]:
+    """The tensors a model's metadata describes under ``kind`` (``"inputs"`` or
+    ``"outputs"``), in order: each a mapping (``name``, ``datatype``, ``shape``, ...)."""
+    listed = metadata.get(kind)
+    if not isinstance(listed, list | tuple):
+        return []
+    return [entry for entry in listed if isinstance(entry, Mapping)]
 
 
 def load_model(model: Model, device: str, instance_index: int) -> None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from batching.core.jobs import Pending
+from batching.documents import listed
 from batching.errors import ClientGone, DeadlineExceeded, NotReady, UnprocessableInput
 from batching.expansion import expand_items
 from batching.models.items import Item
@@ -25,7 +25,7 @@ from .counting import tokens_for_batching
 __all__ = ["check_mask_token", "check_media_items", "queue_items"]
 
 
-def check_mask_token(metadata: Mapping[str, Any], inputs: Sequence[Item]) -> None:
+def check_mask_token(metadata: Mapping[str, object], inputs: Sequence[Item]) -> None:
     """Refuse the texts a fill-mask model cannot take: its metadata names the ``mask_token``
     each text must hold (the model predicts the word at it), and a text without one would
     fail the model's batch. Checked before the items are queued, so one bad text never fails
@@ -54,7 +54,7 @@ async def check_media_items(deployment: Deployment, inputs: Sequence[Item]) -> N
     media = media_inputs(deployment.metadata)
     if not media:
         return
-    several = len(deployment.metadata.get("inputs") or []) > 1
+    several = len(listed(deployment.metadata.get("inputs"))) > 1
     limits = model_limits(deployment.config.media_limits, deployment.metadata)
     await asyncio.to_thread(check_media, media, several, inputs, limits)
 

@@ -10,7 +10,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from batching.config import ModelConfig
 from batching.core.batcher import Batcher
@@ -22,7 +21,7 @@ from batching.models.engines.cores import CORES
 from batching.models.engines.options import ADAPTIVE_THREADS_VARIABLE
 from batching.models.items import Item
 from batching.models.loading import LOADING, Turn
-from batching.models.protocol import ModelHooks, hooks_of
+from batching.models.protocol import ModelHooks, hooks_of, tensors_of
 from batching.models.tasks.generation import streams
 
 from .base import InstanceFactory, ModelFactory
@@ -173,7 +172,7 @@ class Deployment:
             config.name, config.batching, make_policy(config), events
         )
         self.batcher.instances = len(config.devices)
-        self.metadata: dict[str, Any] = {}
+        self.metadata: dict[str, object] = {}
         #: What runs the model (the v2 metadata's ``platform``): what its metadata says once
         #: loaded; until then ``python`` for your own class, ``pytorch`` for the others.
         self.platform = "python" if config.model_source.kind == "class" else "pytorch"
@@ -255,7 +254,7 @@ class Deployment:
     @property
     def takes_text(self) -> bool:
         """Whether the model's first input is BYTES (text), as its metadata says."""
-        inputs = self.metadata.get("inputs") or []
+        inputs = tensors_of(self.metadata, "inputs")
         return bool(inputs) and inputs[0].get("datatype") == "BYTES"
 
     @property

@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import cycle, islice
-from typing import Any
 
 import psutil
 
@@ -59,7 +58,7 @@ class InstanceInfo:
     load_s: float
     warmup_s: float
     warmup_batches: int
-    metadata: dict[str, Any]
+    metadata: dict[str, object]
     #: What runs the model, as the v2 metadata's ``platform`` says (:func:`platform_of`).
     platform: str = "python"
     #: Resident memory the load and warm-up added (bytes; 0 where it cannot be read). Loads
@@ -77,7 +76,7 @@ class Loaded:
     warmup_batches: int
 
 
-def platform_of(model: object, metadata: dict[str, Any]) -> str:
+def platform_of(model: object, metadata: dict[str, object]) -> str:
     """The v2 ``platform`` of ``model``: what its metadata says, else ``pytorch`` for the
     transformers-backed models of :mod:`batching.models`, else ``python`` (your own class)."""
     declared = metadata.get("platform")
@@ -311,7 +310,7 @@ def load_and_warm(
             raise RuntimeError(f"{where} returned {len(outputs)} outputs")
     warmed = time.perf_counter()
     hooks = hooks_of(model)
-    metadata: dict[str, Any] = {}
+    metadata: dict[str, object] = {}
     if hooks.metadata is not None:
         metadata = dict(hooks.metadata())
         if hooks.max_seq_length is not None:
