@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from batching.documents import JSONObject, parse_object
 from batching.errors import InvalidRequest
 from batching.models.chat import Chat
 
@@ -70,17 +71,19 @@ class CompletionRequest:
     chat: bool
 
 
-def _object(body: bytes) -> dict[str, object]:
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise InvalidRequest("the body is not valid JSON") from None
-    if not isinstance(parsed, dict):
-        raise InvalidRequest("the body must be a JSON object")
-    return parsed
+def body_object(body: bytes) -> JSONObject:
+    """A generating door's body, a JSON object.
+
+    :raises InvalidRequest: not JSON, or not an object.
+    """
+    return parse_object(
+        body,
+        lambda _: InvalidRequest("the body is not valid JSON"),
+        lambda _: InvalidRequest("the body must be a JSON object"),
+    )
 
 
-def _number(body: dict[str, object], key: str, low: float, high: float) -> float | None:
+def _number(body: JSONObject, key: str, low: float, high: float) -> float | None:
     value = body.get(key)
     if value is None:
         return None
@@ -89,9 +92,7 @@ def _number(body: dict[str, object], key: str, low: float, high: float) -> float
     return float(value)
 
 
-def _common(
-    body: dict[str, object], allowed: set[str], max_key: str
-) -> tuple[str, dict[str, object]]:
+def _common(body: JSONObject, allowed: set[str], max_key: str) -> tuple[str, dict[str, object]]:
     """The model a body names, and the task parameters its fields set."""
     for key, value in body.items():
         if key in allowed:
@@ -139,7 +140,7 @@ def _common(
     return model, parameters
 
 
-def _streaming(body: dict[str, object]) -> tuple[bool, bool]:
+def _streaming(body: JSONObject) -> tuple[bool, bool]:
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise InvalidRequest("stream must be true or false")
@@ -162,7 +163,7 @@ def parse_completion(body: bytes) -> CompletionRequest:
 
     :raises InvalidRequest: what the module docstring says is refused.
     """
-    parsed = _object(body)
+    parsed = body_object(body)
     model, parameters = _common(parsed, _COMMON | {"prompt"}, "max_tokens")
     prompt = parsed.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -195,7 +196,7 @@ def parse_chat(body: bytes) -> CompletionRequest:
     :raises InvalidRequest: what the module docstring says is refused, and messages that are
         not a non-empty list of ``{role, content}`` with text content.
     """
-    parsed = _object(body)
+    parsed = body_object(body)
     allowed = _COMMON | {"messages", "max_completion_tokens"}
     model, parameters = _common(parsed, allowed, "max_completion_tokens")
     messages = parsed.get("messages")

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
-from batching.documents import listed
+from batching.documents import JSONObject, listed, parse_object
 from batching.errors import InvalidRequest
 
 from .capability import first_output
@@ -99,23 +99,19 @@ class EmbeddingsRequest:
     options: EmbedOptions = field(default_factory=EmbedOptions)
 
 
-def json_object(body: bytes) -> dict[str, object]:
+def json_object(body: bytes) -> JSONObject:
     """The request body as a JSON object.
 
     :raises OpenAIError: not JSON, or not an object.
     """
-    try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise OpenAIError(
-            f"the request body is not valid JSON: {exc}", code="invalid_json"
-        ) from None
-    if not isinstance(document, dict):
-        raise OpenAIError(
-            f"the request body must be a JSON object, not {json_type(document)}",
+    return parse_object(
+        body,
+        lambda exc: OpenAIError(f"the request body is not valid JSON: {exc}", code="invalid_json"),
+        lambda other: OpenAIError(
+            f"the request body must be a JSON object, not {json_type(other)}",
             code="invalid_type",
-        )
-    return document
+        ),
+    )
 
 
 def model_name(document: Mapping[str, object]) -> str:

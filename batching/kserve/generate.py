@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import orjson
-
+from batching.codecs.completions import body_object
 from batching.errors import InvalidRequest
 
 __all__ = ["GenerateRequest", "answer", "parse_generate"]
@@ -36,12 +35,7 @@ def parse_generate(body: bytes, declared: set[str]) -> GenerateRequest:
 
     :raises InvalidRequest: not a JSON object, no text, or an unknown key.
     """
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise InvalidRequest("the body is not valid JSON") from None
-    if not isinstance(parsed, dict):
-        raise InvalidRequest("the body must be a JSON object")
+    parsed = body_object(body)
     text = parsed.pop(TEXT_INPUT, None)
     if isinstance(text, list) and len(text) == 1:
         text = text[0]

@@ -12,12 +12,13 @@ from collections.abc import Mapping
 
 import orjson
 
+from batching.documents import JSONObject, parse_object
 from batching.errors import InvalidRequest
 
 __all__ = ["load_overrides", "check_unload_parameters", "parameters_of"]
 
 
-def parameters_of(body: bytes) -> dict[str, object]:
+def parameters_of(body: bytes) -> JSONObject:
     """The ``parameters`` object of a load or unload call's JSON body (an empty body has
     none).
 
@@ -25,12 +26,11 @@ def parameters_of(body: bytes) -> dict[str, object]:
     """
     if not body.strip():
         return {}
-    try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise InvalidRequest("the request body is not valid JSON") from None
-    if not isinstance(document, dict):
-        raise InvalidRequest("the request body must be a JSON object")
+    document = parse_object(
+        body,
+        lambda _: InvalidRequest("the request body is not valid JSON"),
+        lambda _: InvalidRequest("the request body must be a JSON object"),
+    )
     unknown = sorted(key for key in document if key != "parameters")
     if unknown:
         raise InvalidRequest(f"{unknown[0]}: not a field of this call (only parameters)")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import orjson
 
+from batching.documents import parse_object
 from batching.errors import InvalidRequest
 from batching.kserve.tensors import (
     DATATYPES,
@@ -57,12 +58,13 @@ def parse_infer_request(body: bytes, header_length: int | None) -> InferRequest:
                 f"{len(view)}"
             )
         header_bytes, binary = view[:header_length], view[header_length:]
-    try:
-        header = orjson.loads(header_bytes)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"request header is not valid JSON: {exc}") from None
-    if not isinstance(header, dict):
-        raise InvalidRequest(f"request header must be a JSON object, got {_json_type(header)}")
+    header = parse_object(
+        header_bytes,
+        lambda exc: InvalidRequest(f"request header is not valid JSON: {exc}"),
+        lambda other: InvalidRequest(
+            f"request header must be a JSON object, got {_json_type(other)}"
+        ),
+    )
 
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
@@ -177,7 +179,7 @@ def _parse_shape(where: str, shape: Any, itemsize: int) -> list[int]:
     return shape
 
 
-def _parameters(container: dict[str, object], where: str) -> dict[str, object]:
+def _parameters(container: Mapping[str, object], where: str) -> dict[str, object]:
     parameters = container.get("parameters", {})
     if parameters is None:
         return {}
