@@ -226,18 +226,20 @@ def create_app(
         else:
             logger.info("ready: serving %s", ", ".join(deployments.by_name))
 
+    def new_deployment(
+        config: ModelConfig, ready: OnInstanceReady, failed: OnFailure | None
+    ) -> Deployment:
+        return Deployment(
+            config,
+            _ConfigFactory(builder, config),
+            events=events_for(config),
+            instance_factory=instance_factory,
+            on_ready=ready,
+            on_load_failure=failed,
+        )
+
     deployments = Deployments(
-        [
-            Deployment(
-                config,
-                _ConfigFactory(builder, config),
-                events=events_for(config),
-                instance_factory=instance_factory,
-                on_ready=instance_ready,
-                on_load_failure=on_load_failure,
-            )
-            for config in configs
-        ]
+        [new_deployment(config, instance_ready, on_load_failure) for config in configs]
     )
     if tracer is not None:
         tracer.describe(deployments)
@@ -252,14 +254,7 @@ def create_app(
             warm(deployment, index, info)
             instance_ready(deployment, index, info)
 
-        deployment = Deployment(
-            config,
-            _ConfigFactory(builder, config),
-            events=events_for(config),
-            instance_factory=instance_factory,
-            on_ready=loaded,
-            on_load_failure=failed,
-        )
+        deployment = new_deployment(config, loaded, failed)
         if tracer is not None:
             tracer.describe([deployment])
         return deployment

@@ -36,6 +36,8 @@ from batching.kserve.tensors import (
     InferTensor,
     RequestedOutput,
     array_from_buffer,
+    check_output_parameters,
+    checked_data,
 )
 
 __all__ = [
@@ -183,10 +185,7 @@ def _parse_outputs(requested: Any) -> list[RequestedOutput]:
             raise InvalidRequest(f"output {name!r} is requested more than once")
         seen.add(name)
         parameters = parameters_of(output.parameters)
-        if "classification" in parameters:
-            raise InvalidRequest(f"output {name!r}: the classification extension is not supported")
-        if "shared_memory_region" in parameters:
-            raise InvalidRequest(f"output {name!r}: shared memory is not supported")
+        check_output_parameters(name, parameters)
         outputs.append(RequestedOutput(name, None, parameters))
     return outputs
 
@@ -254,13 +253,7 @@ def encode_infer_response(
         model_name=model_name, model_version=model_version, id=request_id or ""
     )
     for tensor in outputs:
-        if tensor.datatype not in DATATYPES:
-            raise ValueError(f"output {tensor.name!r} has unknown datatype {tensor.datatype!r}")
-        data = np.asarray(tensor.data, dtype=DATATYPES[tensor.datatype])
-        if data.size != math.prod(tensor.shape):
-            raise ValueError(
-                f"output {tensor.name!r} has {data.size} elements but shape {tensor.shape}"
-            )
+        data = checked_data(tensor)
         entry = response.outputs.add(name=tensor.name, datatype=tensor.datatype)
         entry.shape.extend(int(dim) for dim in tensor.shape)
         response.raw_output_contents.append(_raw_from_array(tensor.datatype, data))

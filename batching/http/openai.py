@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from batching.answers import answer_log, internal_message
-from batching.codecs.embed_options import EmbedOptions, plan_embedding
+from batching.codecs.embed_options import EmbedOptions
 from batching.codecs.openai import (
     MAX_INPUT_TOKENS,
     check_token_limits,
@@ -36,6 +36,7 @@ from batching.codecs.openai import (
     is_embedding_model,
     parse_embeddings_request,
 )
+from batching.codecs.plans import pooled_plan
 from batching.codecs.served import served
 from batching.errors import (
     BatchingError,
@@ -199,12 +200,11 @@ def openai_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
                 encoding=parsed.options.encoding, base64=parsed.options.base64
             ):
                 raise NotReady(f"model {parsed.model!r} is loading", retry_after=1.0)
-            plan = plan_embedding(
+            plan = pooled_plan(
+                deployment,
                 parsed.texts,
                 parsed.options,
-                deployment.metadata,
                 model=parsed.model,
-                truncate_default=deployment.config.truncate,
                 encoding_name="encoding_format",
             )
             answer = await plane.embed(deployment, plan, caller, OPENAI_LIMITS)

@@ -9,7 +9,6 @@ from starlette.routing import Route
 from batching.codecs.embed_options import (
     embedding_info,
     encode_vector,
-    plan_embedding,
     read_options,
 )
 from batching.codecs.inputs import input_specs
@@ -22,6 +21,7 @@ from batching.codecs.plain import (
     media_request,
     parse_request,
 )
+from batching.codecs.plans import pooled_plan
 from batching.codecs.sparse import options_request, refused_length, serves_sparse, sparse_items
 from batching.codecs.task_parameters import declares_parameters, task_items
 from batching.errors import InvalidRequest, NotReady
@@ -72,13 +72,8 @@ def plain_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
                 # A task's parameters (every key beside inputs, or in "parameters").
                 inputs = task_items(deployment, inputs, parsed.options, where="the request")
             elif _embeds(deployment, parsed.options):
-                plan = plan_embedding(
-                    check_texts(inputs),
-                    read_options(parsed.options, where="the request"),
-                    deployment.metadata,
-                    model=deployment.name,
-                    truncate_default=deployment.config.truncate,
-                )
+                options = read_options(parsed.options, where="the request")
+                plan = pooled_plan(deployment, check_texts(inputs), options)
                 answer = await plane.embed(deployment, plan, caller)
                 as_base64 = plan.options.base64
                 body = encode_embeddings(

@@ -20,14 +20,14 @@ from batching.codecs.embed_options import (
     EmbedPlan,
     embedding_info,
     encode_vector,
-    plan_embedding,
     read_options,
 )
 from batching.codecs.embedding import EmbedAnswer
 from batching.codecs.inputs import InputSpec, check_exclusive, input_specs, required_names
-from batching.codecs.multivector import TokenAnswer, token_options, token_plan
+from batching.codecs.multivector import TokenAnswer, token_options
 from batching.codecs.openai import is_embedding_model
 from batching.codecs.plain import check_texts
+from batching.codecs.plans import per_token_plan, pooled_plan
 from batching.codecs.sparse import OPTIONS as SPARSE_OPTIONS
 from batching.codecs.sparse import serves_sparse
 from batching.codecs.task_parameters import declares_parameters, list_values, task_items
@@ -297,13 +297,8 @@ def embedding_plan(
             f"{', '.join(repr(key) for key in options)}; the parameters it takes are "
             f"Triton's: {', '.join(sorted(TRITON_PARAMETERS))}"
         )
-    return plan_embedding(
-        check_texts(items),
-        read_options(options, where="the request's parameters"),
-        metadata,
-        model=deployment.name,
-        truncate_default=deployment.config.truncate,
-    )
+    read = read_options(options, where="the request's parameters")
+    return pooled_plan(deployment, check_texts(items), read)
 
 
 def _request_options(request: InferRequest) -> dict[str, object]:
@@ -374,13 +369,8 @@ def token_plan_of(
     if not asks_tokens(deployment, request):
         return None
     options = _request_options(request)
-    return token_plan(
-        check_texts(texts),
-        token_options(options, where="the request's parameters"),
-        deployment.metadata,
-        model=deployment.name,
-        truncate_default=deployment.config.truncate,
-    )
+    read = token_options(options, where="the request's parameters")
+    return per_token_plan(deployment, check_texts(texts), read)
 
 
 def token_answer_tensors(request: InferRequest, answer: TokenAnswer) -> list[InferTensor]:

@@ -17,6 +17,7 @@ from batching.kserve.tensors import (
     InferTensor,
     RequestedOutput,
     array_from_buffer,
+    check_output_parameters,
 )
 
 __all__ = ["parse_infer_request"]
@@ -212,10 +213,7 @@ def _parse_outputs(raw_outputs: Any) -> list[RequestedOutput]:
             raise InvalidRequest(
                 f"output {name!r}: 'binary_data' must be a boolean, got {_json_type(binary_data)}"
             )
-        if "classification" in parameters:
-            raise InvalidRequest(f"output {name!r}: the classification extension is not supported")
-        if "shared_memory_region" in parameters:
-            raise InvalidRequest(f"output {name!r}: shared memory is not supported")
+        check_output_parameters(name, parameters)
         outputs.append(RequestedOutput(name, binary_data, parameters))
     return outputs
 

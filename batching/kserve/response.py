@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 import orjson
 
 from batching.errors import InvalidRequest
-from batching.kserve.tensors import DATATYPES, LENGTH_PREFIX, InferTensor
+from batching.kserve.tensors import LENGTH_PREFIX, InferTensor, checked_data
 
 __all__ = ["encode_infer_response"]
 
@@ -37,7 +36,7 @@ def encode_infer_response(
     entries: list[dict[str, object]] = []
     buffers: list[bytes] = []
     for tensor in outputs:
-        data = _checked_data(tensor)
+        data = checked_data(tensor)
         entry: dict[str, object] = {
             "name": tensor.name,
             "datatype": tensor.datatype,
@@ -66,17 +65,6 @@ def encode_infer_response(
     if not any(tensor.name in binary_outputs for tensor in outputs):
         return header, None
     return b"".join([header, *buffers]), len(header)
-
-
-def _checked_data(tensor: InferTensor) -> np.ndarray:
-    if tensor.datatype not in DATATYPES:
-        raise ValueError(f"output {tensor.name!r} has unknown datatype {tensor.datatype!r}")
-    data = np.asarray(tensor.data, dtype=DATATYPES[tensor.datatype])
-    if data.size != math.prod(tensor.shape):
-        raise ValueError(
-            f"output {tensor.name!r} has {data.size} elements but shape {tensor.shape}"
-        )
-    return data
 
 
 def _binary_from_array(datatype: str, data: np.ndarray) -> bytes:

@@ -21,7 +21,8 @@ Decisions worth knowing:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,8 @@ __all__ = [
     "INT64_MAX",
     "LENGTH_PREFIX",
     "array_from_buffer",
+    "check_output_parameters",
+    "checked_data",
     "InferRequest",
     "InferTensor",
     "RequestedOutput",
@@ -197,6 +200,32 @@ def _bytes_tensor(name: str, items: Sequence[object]) -> InferTensor:
     array = np.empty((len(items), 1), dtype=object)
     array[:, 0] = items
     return InferTensor(name, "BYTES", [len(items), 1], array)
+
+
+def checked_data(tensor: InferTensor) -> np.ndarray:
+    """An output tensor's data in its datatype's dtype, checked against its shape.
+
+    :raises ValueError: an unknown datatype, or data that does not fill the shape.
+    """
+    if tensor.datatype not in DATATYPES:
+        raise ValueError(f"output {tensor.name!r} has unknown datatype {tensor.datatype!r}")
+    data = np.asarray(tensor.data, dtype=DATATYPES[tensor.datatype])
+    if data.size != math.prod(tensor.shape):
+        raise ValueError(
+            f"output {tensor.name!r} has {data.size} elements but shape {tensor.shape}"
+        )
+    return data
+
+
+def check_output_parameters(name: str, parameters: Mapping[str, object]) -> None:
+    """Refuse what a requested output asks that this server does not do.
+
+    :raises InvalidRequest: Triton's classification extension, or shared memory.
+    """
+    if "classification" in parameters:
+        raise InvalidRequest(f"output {name!r}: the classification extension is not supported")
+    if "shared_memory_region" in parameters:
+        raise InvalidRequest(f"output {name!r}: shared memory is not supported")
 
 
 def rows_from_tensor(tensor: InferTensor) -> list[Item]:
