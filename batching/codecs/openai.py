@@ -34,14 +34,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
+from batching import errors
 from batching.documents import JSONObject, listed, parse_object
-from batching.errors import InvalidRequest
+from batching.errors import BatchingError, InvalidRequest
 
 from .capability import first_output
 from .embed_options import WIRE_ENCODINGS, EmbedOptions, encode_vector, read_options
 from .json_types import json_type
 
 __all__ = [
+    "CODES",
+    "code_of",
     "ENCODING_FORMATS",
     "LANGCHAIN_HINT",
     "MAX_INPUTS",
@@ -97,6 +100,32 @@ class EmbeddingsRequest:
     encoding_format: str = "float"
     dimensions: int | None = None
     options: EmbedOptions = field(default_factory=EmbedOptions)
+
+
+#: OpenAI's ``code`` of each error the tree raises, where the error does not carry its own.
+CODES: dict[type[BatchingError], str] = {
+    errors.ModelNotFound: "model_not_found",
+    errors.PayloadTooLarge: "request_too_large",
+    errors.UnprocessableInput: "unprocessable_input",
+    errors.InvalidRequest: "invalid_request",
+    errors.Overloaded: "overloaded",
+    errors.NotReady: "not_ready",
+    errors.Unavailable: "unavailable",
+    errors.DeadlineExceeded: "timeout",
+    errors.InferenceFailed: "inference_failed",
+}
+
+
+def code_of(exc: BatchingError) -> str | None:
+    """OpenAI's ``code`` of ``exc``: its own, else its nearest class's in :data:`CODES`."""
+    own = getattr(exc, "code", None)
+    if isinstance(own, str):
+        return own
+    for cls in type(exc).__mro__:
+        code = CODES.get(cls)
+        if code is not None:
+            return code
+    return None
 
 
 def json_object(body: bytes) -> JSONObject:

@@ -29,6 +29,7 @@ from batching.codecs.embed_options import EmbedOptions
 from batching.codecs.openai import (
     MAX_INPUT_TOKENS,
     check_token_limits,
+    code_of,
     encode_embeddings,
     encode_model,
     encode_models,
@@ -43,13 +44,9 @@ from batching.errors import (
     ClientGone,
     DeadlineExceeded,
     InferenceFailed,
-    InvalidRequest,
     ModelNotFound,
     NotReady,
-    Overloaded,
-    PayloadTooLarge,
     Unavailable,
-    UnprocessableInput,
 )
 from batching.plane import DataPlane, TokenLimits
 from batching.runtime.deployment import Deployment
@@ -71,33 +68,9 @@ OPENAI_LIMITS = TokenLimits(MAX_INPUT_TOKENS + 1, check_token_limits)
 #: Every method a route of these doors takes, to answer the wrong ones itself.
 ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
-#: OpenAI's ``code`` of each error the tree raises, where the error does not carry its own.
-CODES: dict[type[BatchingError], str] = {
-    ModelNotFound: "model_not_found",
-    PayloadTooLarge: "request_too_large",
-    UnprocessableInput: "unprocessable_input",
-    InvalidRequest: "invalid_request",
-    Overloaded: "overloaded",
-    NotReady: "not_ready",
-    Unavailable: "unavailable",
-    DeadlineExceeded: "timeout",
-    InferenceFailed: "inference_failed",
-}
-
 
 def _json(body: bytes, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
     return Response(body, status_code=status, media_type="application/json", headers=headers)
-
-
-def _code_of(exc: BatchingError) -> str | None:
-    own = getattr(exc, "code", None)
-    if isinstance(own, str):
-        return own
-    for cls in type(exc).__mro__:
-        code = CODES.get(cls)
-        if code is not None:
-            return code
-    return None
 
 
 def openai_error(exc: BatchingError, request: Request) -> Response:
@@ -124,7 +97,7 @@ def openai_error(exc: BatchingError, request: Request) -> Response:
     error_type = "invalid_request_error" if status < 500 else "server_error"
     return _json(
         error_document(
-            message, error_type, param if isinstance(param, str) else None, _code_of(exc)
+            message, error_type, param if isinstance(param, str) else None, code_of(exc)
         ),
         status,
         headers,

@@ -7,12 +7,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from batching.codecs.embed_options import (
-    embedding_info,
     encode_vector,
     read_options,
 )
 from batching.codecs.inputs import input_specs
-from batching.codecs.openai import is_embedding_model
 from batching.codecs.plain import (
     check_inputs,
     check_texts,
@@ -21,10 +19,9 @@ from batching.codecs.plain import (
     media_request,
     parse_request,
 )
-from batching.codecs.plans import pooled_plan
+from batching.codecs.plans import embeds, pooled_plan
 from batching.codecs.sparse import options_request, refused_length, serves_sparse, sparse_items
 from batching.codecs.task_parameters import declares_parameters, task_items
-from batching.errors import InvalidRequest, NotReady
 from batching.plane import DataPlane
 from batching.runtime.deployment import Deployment
 
@@ -35,19 +32,15 @@ __all__ = ["plain_routes"]
 
 
 def _embeds(deployment: Deployment, options: dict[str, object]) -> bool:
-    """Whether the request goes the embedding way: the model declares embedding options, or
-    the request sets some (then the model must be an embedding model)."""
-    metadata = deployment.metadata
-    if not options:
-        return embedding_info(metadata) is not None and is_embedding_model(metadata)
-    if not metadata:
-        raise NotReady(f"model {deployment.name!r} is loading", retry_after=1.0)
-    if not is_embedding_model(metadata):
-        raise InvalidRequest(
+    """Whether the request goes the embedding way (:func:`~batching.codecs.plans.embeds`)."""
+    return embeds(
+        deployment,
+        options,
+        lambda: (
             f"model {deployment.name!r} is not an embedding model: it takes no options "
             f"({', '.join(repr(key) for key in options)}); send only inputs"
-        )
-    return True
+        ),
+    )
 
 
 def plain_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:

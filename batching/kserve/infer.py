@@ -18,20 +18,18 @@ from typing import Any
 
 from batching.codecs.embed_options import (
     EmbedPlan,
-    embedding_info,
     encode_vector,
     read_options,
 )
 from batching.codecs.embedding import EmbedAnswer
 from batching.codecs.inputs import InputSpec, check_exclusive, input_specs, required_names
 from batching.codecs.multivector import TokenAnswer, token_options
-from batching.codecs.openai import is_embedding_model
 from batching.codecs.plain import check_texts
-from batching.codecs.plans import per_token_plan, pooled_plan
+from batching.codecs.plans import embeds, per_token_plan, pooled_plan
 from batching.codecs.sparse import OPTIONS as SPARSE_OPTIONS
 from batching.codecs.sparse import serves_sparse
 from batching.codecs.task_parameters import declares_parameters, list_values, task_items
-from batching.errors import InvalidRequest, NotReady, UnprocessableInput
+from batching.errors import InvalidRequest, UnprocessableInput
 from batching.models.items import Item
 from batching.runtime.deployment import Deployment
 
@@ -286,17 +284,16 @@ def embedding_plan(
                 f"{', '.join(SPARSE_OPTIONS)} and Triton's: {', '.join(sorted(TRITON_PARAMETERS))}"
             )
         return None
-    if not options:
-        if embedding_info(metadata) is None or not is_embedding_model(metadata):
-            return None
-    elif not metadata:
-        raise NotReady(f"model {deployment.name!r} is loading", retry_after=1.0)
-    elif not is_embedding_model(metadata):
-        raise InvalidRequest(
+
+    def refusal() -> str:
+        return (
             f"model {deployment.name!r} takes no parameter "
             f"{', '.join(repr(key) for key in options)}; the parameters it takes are "
             f"Triton's: {', '.join(sorted(TRITON_PARAMETERS))}"
         )
+
+    if not embeds(deployment, options, refusal):
+        return None
     read = read_options(options, where="the request's parameters")
     return pooled_plan(deployment, check_texts(items), read)
 
