@@ -23,12 +23,6 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias, Union
 
 from .parameters import TaskItem
 
-if TYPE_CHECKING:  # for annotations only: importing this module imports no numpy
-    from numpy import generic
-    from numpy.typing import NDArray
-
-    from .chat import Chat
-
 __all__ = [
     "ENCODINGS",
     "EMBEDDING_KEY",
@@ -43,6 +37,12 @@ __all__ = [
     "TokenizeItem",
     "item_text",
 ]
+
+if TYPE_CHECKING:  # for annotations only: importing this module imports no numpy
+    from numpy import generic
+    from numpy.typing import NDArray
+
+    from .chat import Chat
 
 #: What an embedding item asks for: one pooled vector, every token's vector, or a sparse
 #: vocabulary-sized vector (SPLADE).
