@@ -18,8 +18,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["AnswerLog", "SHEDDING", "SUMMARY_INTERVAL", "answer_log", "internal_message"]
-
 #: Statuses that say "not now" under load rather than "something is wrong".
 SHEDDING = frozenset({503, 504})
 

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -228,18 +227,20 @@ def create_app(
         else:
             logger.info("ready: serving %s", ", ".join(deployments.by_name))
 
+    def new_deployment(
+        config: ModelConfig, ready: OnInstanceReady, failed: OnFailure | None
+    ) -> Deployment:
+        return Deployment(
+            config,
+            _ConfigFactory(builder, config),
+            events=events_for(config),
+            instance_factory=instance_factory,
+            on_ready=ready,
+            on_load_failure=failed,
+        )
+
     deployments = Deployments(
-        [
-            Deployment(
-                config,
-                _ConfigFactory(builder, config),
-                events=events_for(config),
-                instance_factory=instance_factory,
-                on_ready=instance_ready,
-                on_load_failure=on_load_failure,
-            )
-            for config in configs
-        ]
+        [new_deployment(config, instance_ready, on_load_failure) for config in configs]
     )
     if tracer is not None:
         tracer.describe(deployments)
@@ -254,14 +255,7 @@ def create_app(
             warm(deployment, index, info)
             instance_ready(deployment, index, info)
 
-        deployment = Deployment(
-            config,
-            _ConfigFactory(builder, config),
-            events=events_for(config),
-            instance_factory=instance_factory,
-            on_ready=loaded,
-            on_load_failure=failed,
-        )
+        deployment = new_deployment(config, loaded, failed)
         if tracer is not None:
             tracer.describe([deployment])
         return deployment
@@ -279,7 +273,7 @@ def create_app(
     logs = log_settings if log_settings is not None else LogSettings()
     grpc_server = None
     if grpc_port:
-        interceptors: list[Any] = []
+        interceptors: list[object] = []
         if tracer is not None:
             from batching.grpc.tracing import TracingInterceptor
 

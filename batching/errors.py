@@ -1,4 +1,4 @@
-"""The errors the server answers with. Status codes live only at the HTTP edge (``app.py``).
+"""The errors the server answers with, and the HTTP status of each (the doors answer with it).
 
 ::
 
@@ -16,11 +16,16 @@
     ├── InferenceFailed           500  the model raised, or broke its output contract
     ├── LoadFailed                500  a model could not be loaded at run time
     └── ClientGone                499  the client went away first: nobody to answer
+
+The status each error is answered with (or, over gRPC, counted under) is one table, every
+door's: :data:`STATUS_FOR`.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "CLIENT_CLOSED",
+    "STATUS_FOR",
     "BatchingError",
     "ClientError",
     "ClientGone",
@@ -35,6 +40,7 @@ __all__ = [
     "PermissionDenied",
     "Unavailable",
     "UnprocessableInput",
+    "status_of",
 ]
 
 
@@ -106,3 +112,29 @@ class ClientGone(BatchingError):
     """Raised by the data plane when the client went away before its answer (its items were
     dropped wherever they were): the one place a departed client is recorded. Nothing is
     answered to it; it is counted under 499, nginx's code."""
+
+
+#: Counted (and answered, to nobody) when the client hung up before its answer: nginx's code.
+CLIENT_CLOSED = 499
+
+#: The HTTP status of each error class (a subclass answers as its nearest listed class).
+STATUS_FOR: dict[type[BatchingError], int] = {
+    ClientGone: CLIENT_CLOSED,
+    InvalidRequest: 400,
+    PermissionDenied: 403,
+    ModelNotFound: 404,
+    PayloadTooLarge: 413,
+    UnprocessableInput: 422,
+    InferenceFailed: 500,
+    Unavailable: 503,
+    DeadlineExceeded: 504,
+}
+
+
+def status_of(exc: BatchingError) -> int:
+    """The HTTP status of ``exc``: its nearest class in :data:`STATUS_FOR`, else 500."""
+    for cls in type(exc).__mro__:
+        status = STATUS_FOR.get(cls)
+        if status is not None:
+            return status
+    return 500

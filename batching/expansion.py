@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from batching.errors import InvalidRequest, PayloadTooLarge
+from batching.models.items import Item
 from batching.models.protocol import EXPANDS_KEY
 from batching.runtime.deployment import Deployment
 
@@ -26,15 +26,15 @@ __all__ = ["Expansion", "expand_items"]
 class Expansion:
     """A request's items, each as its units, and how to answer them from the units' outputs."""
 
-    items: list[Any]
-    units: list[Any]
+    items: Sequence[Item]
+    units: list[Item]
     #: How many units each item has, in order.
     sizes: list[int]
-    join: Callable[[Any, list[Any]], Any]
+    join: Callable[[Item, list[object]], object]
 
-    def answers(self, outputs: Sequence[Any]) -> list[Any]:
+    def answers(self, outputs: Sequence[object]) -> list[object]:
         """One answer per item from the outputs of :attr:`units`, in order."""
-        answers: list[Any] = []
+        answers: list[object] = []
         start = 0
         for item, size in zip(self.items, self.sizes, strict=True):
             answers.append(self.join(item, list(outputs[start : start + size])))
@@ -42,7 +42,7 @@ class Expansion:
         return answers
 
 
-async def expand_items(deployment: Deployment, items: list[Any]) -> Expansion | None:
+async def expand_items(deployment: Deployment, items: Sequence[Item]) -> Expansion | None:
     """``items`` as units of batching, or None when the model serves items as they are.
 
     :raises InvalidRequest: the model cannot expand an item (its ``ValueError`` says why).
@@ -55,9 +55,9 @@ async def expand_items(deployment: Deployment, items: list[Any]) -> Expansion | 
     if expand is None or join is None:
         return None
 
-    def expanded() -> tuple[list[Any], list[int]] | InvalidRequest:
+    def expanded() -> tuple[list[Item], list[int]] | InvalidRequest:
         assert expand is not None
-        units: list[Any] = []
+        units: list[Item] = []
         sizes: list[int] = []
         for item in items:
             try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
 
 from batching.errors import InvalidRequest
 
@@ -44,7 +43,7 @@ class LogSettings:
         self.log_format = log_format
         self.target = target if target is not None else logger
 
-    def current(self) -> dict[str, Any]:
+    def current(self) -> dict[str, object]:
         """Triton's settings for the level now, and ``log_level``."""
         level = self.target.getEffectiveLevel()
         return {
@@ -57,7 +56,7 @@ class LogSettings:
             "log_level": logging.getLevelName(level).lower(),
         }
 
-    def update(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+    def update(self, settings: Mapping[str, object]) -> dict[str, object]:
         """Apply ``settings`` (any of Triton's keys, or ``log_level``) and return the
         settings now. Nothing changes when one key is refused.
 
@@ -65,7 +64,7 @@ class LogSettings:
         """
         now = self.current()
         flags = {key: bool(now[key]) for key in _FLAGS}
-        verbose = int(now["log_verbose_level"])
+        verbose = 1 if now["log_verbose_level"] else 0
         named: int | None = None
         for key, value in settings.items():
             if key in _FLAGS:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import sys
-from typing import Any
 
 import orjson
 
@@ -24,7 +23,7 @@ class JsonFormatter(logging.Formatter):
     """Formats a record as one JSON object per line."""
 
     def format(self, record: logging.LogRecord) -> str:
-        document: dict[str, Any] = {
+        document: dict[str, object] = {
             "time": iso_time(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
@@ -49,10 +48,10 @@ def configure_logging(level: str = "info", log_format: str = "text") -> None:
     logger.propagate = False
 
 
-def uvicorn_log_config(level: str, log_format: str) -> dict[str, Any]:
+def uvicorn_log_config(level: str, log_format: str) -> dict[str, object]:
     """uvicorn's own loggers in the same format; access logs off (nothing per request at
     INFO)."""
-    formatter: dict[str, Any] = (
+    formatter: dict[str, object] = (
         {"()": JsonFormatter} if log_format == "json" else {"format": _TEXT_FORMAT}
     )
     return {

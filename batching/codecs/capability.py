@@ -7,9 +7,9 @@ the token doors (``/tokenize``, ``/decode``, ``/embed_all``) and the v2 door's t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from batching.core.config import BatchingConfig
+from batching.documents import listed
 from batching.errors import InvalidRequest
 from batching.models.items import EMBEDDING_KEY
 from batching.models.protocol import MAX_SEQ_LENGTH_KEY
@@ -22,6 +22,7 @@ __all__ = [
     "embedding_of",
     "max_seq_length",
     "per_token_cap",
+    "first_output",
     "resolve_prompt",
     "token_dimension",
     "vocab_size",
@@ -33,13 +34,20 @@ TOKENIZE = "tokenize"
 TOKENS = "tokens"
 
 
-def embedding_of(metadata: Mapping[str, Any]) -> Mapping[str, Any]:
+def first_output(metadata: Mapping[str, object]) -> Mapping[str, object] | None:
+    """The model's first output, as its metadata describes it (None: it describes none)."""
+    outputs = listed(metadata.get("outputs"))
+    first = outputs[0] if outputs else None
+    return first if isinstance(first, Mapping) else None
+
+
+def embedding_of(metadata: Mapping[str, object]) -> Mapping[str, object]:
     """The model's ``"embedding"`` description; empty when it has none."""
     described = metadata.get(EMBEDDING_KEY)
     return described if isinstance(described, Mapping) else {}
 
 
-def capable(metadata: Mapping[str, Any], capability: str) -> bool:
+def capable(metadata: Mapping[str, object], capability: str) -> bool:
     """Whether the model declares ``capability`` (:data:`TOKENIZE` or :data:`TOKENS`)."""
     described = embedding_of(metadata)
     if capability == TOKENIZE:
@@ -48,13 +56,13 @@ def capable(metadata: Mapping[str, Any], capability: str) -> bool:
     return isinstance(outputs, list | tuple) and capability in outputs
 
 
-def _positive(value: Any) -> int | None:
+def _positive(value: object) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     return None
 
 
-def max_seq_length(metadata: Mapping[str, Any]) -> int | None:
+def max_seq_length(metadata: Mapping[str, object]) -> int | None:
     """The tokens the model runs per text at most (special tokens included), if it says: its
     metadata's ``max_seq_length``, else its ``"embedding"`` description's. Every door reads
     the limit here."""
@@ -62,18 +70,18 @@ def max_seq_length(metadata: Mapping[str, Any]) -> int | None:
     return stated if stated is not None else _positive(embedding_of(metadata).get("max_seq_length"))
 
 
-def vocab_size(metadata: Mapping[str, Any]) -> int | None:
+def vocab_size(metadata: Mapping[str, object]) -> int | None:
     """How many token ids the model's tokenizer knows (ids run from 0 below it), if it says."""
     return _positive(embedding_of(metadata).get("vocab_size"))
 
 
-def token_dimension(metadata: Mapping[str, Any]) -> int | None:
+def token_dimension(metadata: Mapping[str, object]) -> int | None:
     """The width of one token's vector, if the model says (it may differ from the pooled
     vector's when a projection follows the pooling)."""
     return _positive(embedding_of(metadata).get("token_dimension"))
 
 
-def resolve_prompt(metadata: Mapping[str, Any], prompt_name: str | None, model: str) -> str:
+def resolve_prompt(metadata: Mapping[str, object], prompt_name: str | None, model: str) -> str:
     """The prompt text a request's ``prompt_name`` chooses: that prompt of the model's
     ``prompts``, or its ``default_prompt`` when the request names none.
 
@@ -100,7 +108,7 @@ def resolve_prompt(metadata: Mapping[str, Any], prompt_name: str | None, model: 
 DEFAULT_PER_TOKEN_CAP = 16384
 
 
-def per_token_cap(metadata: Mapping[str, Any], batching: BatchingConfig) -> int:
+def per_token_cap(metadata: Mapping[str, object], batching: BatchingConfig) -> int:
     """The padded tokens (items x longest) a batch holding per-token outputs may carry, since
     its answer grows with them: the model's ``max_batch_tokens`` when set, else the lower of
     ``max_batch_size x max_seq_length`` and :data:`DEFAULT_PER_TOKEN_CAP` (a lone text longer

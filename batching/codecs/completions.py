@@ -24,8 +24,9 @@ from typing import Any
 
 import orjson
 
+from batching.documents import JSONObject, parse_object
 from batching.errors import InvalidRequest
-from batching.models.generation.chat import Chat
+from batching.models.chat import Chat
 
 from .completions_bounds import (
     MAX_TOKENS,
@@ -72,7 +73,7 @@ class CompletionRequest:
 
     model: str
     input: str | Chat
-    parameters: dict[str, Any]
+    parameters: dict[str, object]
     stream: bool
     include_usage: bool
     chat: bool
@@ -80,17 +81,19 @@ class CompletionRequest:
     options: Options = Options()
 
 
-def _object(body: bytes) -> dict[str, Any]:
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise InvalidRequest("the body is not valid JSON") from None
-    if not isinstance(parsed, dict):
-        raise InvalidRequest("the body must be a JSON object")
-    return parsed
+def body_object(body: bytes) -> JSONObject:
+    """A generating door's body, a JSON object.
+
+    :raises InvalidRequest: not JSON, or not an object.
+    """
+    return parse_object(
+        body,
+        lambda _: InvalidRequest("the body is not valid JSON"),
+        lambda _: InvalidRequest("the body must be a JSON object"),
+    )
 
 
-def _number(body: dict[str, Any], key: str, low: float, high: float) -> float | None:
+def _number(body: JSONObject, key: str, low: float, high: float) -> float | None:
     value = body.get(key)
     if value is None:
         return None
@@ -99,7 +102,8 @@ def _number(body: dict[str, Any], key: str, low: float, high: float) -> float | 
     return float(value)
 
 
-def _common(body: dict[str, Any], allowed: set[str], max_key: str) -> dict[str, Any]:
+def _common(body: JSONObject, allowed: set[str], max_key: str) -> tuple[str, dict[str, object]]:
+    """The model a body names, and the task parameters its fields set."""
     for key, value in body.items():
         if key in allowed:
             continue
@@ -111,7 +115,7 @@ def _common(body: dict[str, Any], allowed: set[str], max_key: str) -> dict[str, 
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("model must be the name of a served model")
-    parameters: dict[str, Any] = {}
+    parameters: dict[str, object] = {}
     key = max_key if body.get(max_key) is not None else "max_tokens"
     maximum = integer(body, key, 1, MAX_TOKENS)
     if maximum is not None:
@@ -130,10 +134,10 @@ def _common(body: dict[str, Any], allowed: set[str], max_key: str) -> dict[str, 
     stop = stop_strings(body.get("stop"))
     if stop:
         parameters["stop"] = stop
-    return parameters
+    return model, parameters
 
 
-def _options(body: dict[str, Any], parameters: dict[str, Any], chat: bool) -> Options:
+def _options(body: JSONObject, parameters: dict[str, object], chat: bool) -> Options:
     """The request's :class:`Options`; its log-probabilities and constraint as the task's
     parameters."""
     options = read_options(body, chat)
@@ -144,7 +148,7 @@ def _options(body: dict[str, Any], parameters: dict[str, Any], chat: bool) -> Op
     return options
 
 
-def _streaming(body: dict[str, Any]) -> tuple[bool, bool]:
+def _streaming(body: JSONObject) -> tuple[bool, bool]:
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise InvalidRequest("stream must be true or false")
@@ -167,8 +171,8 @@ def parse_completion(body: bytes) -> CompletionRequest:
 
     :raises InvalidRequest: what the module docstring says is refused.
     """
-    parsed = _object(body)
-    parameters = _common(parsed, _COMMON | {"prompt"}, "max_tokens")
+    parsed = body_object(body)
+    model, parameters = _common(parsed, _COMMON | {"prompt"}, "max_tokens")
     options = _options(parsed, parameters, chat=False)
     prompt = parsed.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -176,10 +180,10 @@ def parse_completion(body: bytes) -> CompletionRequest:
     if not isinstance(prompt, str):
         raise InvalidRequest("prompt must be a string (one prompt per request)")
     stream, include = _streaming(parsed)
-    return CompletionRequest(parsed["model"], prompt, parameters, stream, include, False, options)
+    return CompletionRequest(model, prompt, parameters, stream, include, False, options)
 
 
-def _content(index: int, content: Any) -> str:
+def _content(index: int, content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -201,10 +205,10 @@ def parse_chat(body: bytes) -> CompletionRequest:
     :raises InvalidRequest: what the module docstring says is refused, and messages that are
         not a non-empty list of ``{role, content}`` with text content.
     """
-    parsed = _object(body)
+    parsed = body_object(body)
     check_chat_bounds(parsed)
     allowed = _COMMON | {"messages", "max_completion_tokens", "chat_template_kwargs"}
-    parameters = _common(parsed, allowed, "max_completion_tokens")
+    model, parameters = _common(parsed, allowed, "max_completion_tokens")
     options = _options(parsed, parameters, chat=True)
     kwargs = template_kwargs(parsed.get("chat_template_kwargs"))
     messages = parsed.get("messages")
@@ -222,7 +226,7 @@ def parse_chat(body: bytes) -> CompletionRequest:
         pairs.append((str(role), _content(index, message.get("content"))))
     stream, include = _streaming(parsed)
     chat = Chat(tuple(pairs), kwargs)
-    return CompletionRequest(parsed["model"], chat, parameters, stream, include, True, options)
+    return CompletionRequest(model, chat, parameters, stream, include, True, options)
 
 
 def new_id(chat: bool) -> str:
@@ -289,7 +293,7 @@ def chunk(
     ``logprobs``), or the end (``finish``)."""
     choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish}
     if request.chat:
-        delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        delta: dict[str, object] = {"role": "assistant"} if first else {}
         if text is not None:
             delta["content"] = text
         choice["delta"] = delta
@@ -307,7 +311,7 @@ def chunk(
 
 def usage_chunk(
     request: CompletionRequest, answer_id: str, created: int, counts: dict[str, int]
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The chunk before ``[DONE]`` when ``stream_options.include_usage`` is set."""
     return {
         "id": answer_id,
@@ -319,7 +323,7 @@ def usage_chunk(
     }
 
 
-def sse(data: dict[str, Any] | str) -> bytes:
+def sse(data: dict[str, object] | str) -> bytes:
     """One server-sent event: ``data: <json>`` and a blank line."""
     payload = data.encode() if isinstance(data, str) else orjson.dumps(data)
     return b"data: " + payload + b"\n\n"

@@ -1,8 +1,8 @@
 """An OpenAI completion or chat request as the items its model generates (one per choice):
 the task's parameters checked, the OpenAI doors' rule attached
 (:mod:`batching.models.generation.completion_rule`: the context-length check,
-``truncate_prompt_tokens``, ``echo``), and each choice's seed (choice ``i`` of a seeded request draws with ``seed + i``,
-so each is reproducible whatever runs beside it)."""
+``truncate_prompt_tokens``, ``echo``), and each choice's seed (choice ``i`` of a seeded
+request draws with ``seed + i``, so each is reproducible whatever runs beside it)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ def choice_items(deployment: Deployment, request: CompletionRequest) -> list[Tas
             "echo: this model's answer does not continue its input (an encoder-decoder)"
         )
     parameters = dict(request.parameters)
+    requested = parameters.get("max_new_tokens")
     over = _over_maximum(deployment, parameters.get("max_new_tokens"))
     if over is not None:
         if deployment.metadata.get("task") != _CONTINUES:
@@ -45,7 +46,7 @@ def choice_items(deployment: Deployment, request: CompletionRequest) -> list[Tas
         options.truncate_prompt_tokens,
         options.echo,
         "messages" if request.chat else "prompt",
-        None if over is None else request.parameters["max_new_tokens"],
+        requested if over is not None and isinstance(requested, int) else None,
     )
     first = with_rule(item, rule)
     seed = first.get("seed")

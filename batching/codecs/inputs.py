@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from batching.documents import listed
 from batching.errors import InvalidRequest, UnprocessableInput
+from batching.models.items import Item
 
 from .media import media_bytes, media_kind
 
@@ -48,10 +49,10 @@ class InputSpec:
     exclusive: bool = False
 
 
-def input_specs(metadata: Mapping[str, Any]) -> list[InputSpec]:
+def input_specs(metadata: Mapping[str, object]) -> list[InputSpec]:
     """The inputs ``metadata`` declares, in order; empty when it declares none."""
     specs = []
-    for tensor in metadata.get("inputs") or []:
+    for tensor in listed(metadata.get("inputs")):
         if not isinstance(tensor, Mapping) or "name" not in tensor:
             continue
         specs.append(
@@ -70,7 +71,7 @@ def required_names(specs: Sequence[InputSpec]) -> list[str]:
     return [spec.name for spec in specs if not spec.optional]
 
 
-def takes_pairs(metadata: Mapping[str, Any]) -> bool:
+def takes_pairs(metadata: Mapping[str, object]) -> bool:
     """Whether the model takes text pairs: it declares BYTES inputs ``text`` and
     ``text_pair`` (the second may be optional), and requires nothing else."""
     specs = {spec.name: spec for spec in input_specs(metadata)}
@@ -83,7 +84,7 @@ def _names(specs: Sequence[InputSpec]) -> str:
     return ", ".join(repr(spec.name) for spec in specs)
 
 
-def named_item(value: Any, specs: Sequence[InputSpec], where: str) -> dict[str, Any]:
+def named_item(value: Item, specs: Sequence[InputSpec], where: str) -> dict[str, Item]:
     """One item for a model with several named inputs ``specs``: ``value`` is a dict of them
     by name (a lone value stands for the first input when every other one is optional).
 
@@ -103,7 +104,7 @@ def named_item(value: Any, specs: Sequence[InputSpec], where: str) -> dict[str, 
         raise UnprocessableInput(
             f"{where} has the unknown input {unknown[0]!r}; this model takes {_names(specs)}"
         )
-    item: dict[str, Any] = {}
+    item: dict[str, Item] = {}
     for spec in specs:
         if spec.name not in value or value[spec.name] is None:
             if not spec.optional:
@@ -121,7 +122,7 @@ def named_item(value: Any, specs: Sequence[InputSpec], where: str) -> dict[str, 
     return item
 
 
-def check_exclusive(item: Mapping[str, Any], specs: Sequence[InputSpec], where: str) -> None:
+def check_exclusive(item: Mapping[str, object], specs: Sequence[InputSpec], where: str) -> None:
     """Refuse an item that sets more than one input, or none, of a model whose inputs are
     exclusive (each item is one of them: an image or a text).
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 __all__ = ["json_type"]
 
 
-def json_type(value: Any) -> str:
+def json_type(value: object) -> str:
     """``value``'s JSON type as a message says it: null, a boolean, a number, a string, an
     array or an object."""
     if value is None:

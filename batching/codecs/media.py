@@ -27,7 +27,6 @@ import base64
 import binascii
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from batching.errors import InvalidRequest
 
@@ -49,13 +48,13 @@ RAW_TYPES = frozenset({"application/octet-stream"})
 _DATA_URI = re.compile(r"^data:([^,;]*)((?:;[^,;]*)*?);base64,", re.IGNORECASE)
 
 
-def media_kind(entry: Mapping[str, Any]) -> str | None:
+def media_kind(entry: Mapping[str, object]) -> str | None:
     """The media kind (``"image"``, ``"audio"``) a metadata input entry declares, or None."""
     kind = entry.get(CONTENT_KEY)
     return kind if isinstance(kind, str) and kind else None
 
 
-def media_bytes(value: Any, kind: str, where: str) -> bytes:
+def media_bytes(value: object, kind: str, where: str) -> bytes:
     """One media item as the model takes it: ``bytes`` pass as they are; a string is base64
     (optionally a ``data:`` URI of ``kind``), decoded here.
 
@@ -98,7 +97,7 @@ def _from_base64(text: str, kind: str, where: str) -> bytes:
 
 
 def media_body(
-    body: bytes, content_type: str, entries: Sequence[Mapping[str, Any]]
+    body: bytes, content_type: str, entries: Sequence[Mapping[str, object]]
 ) -> tuple[str, str] | None:
     """Whether a raw body is one media item for a model whose metadata inputs are
     ``entries``: ``(input name, kind)`` when its content type is of a media kind the model

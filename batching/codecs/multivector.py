@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import orjson
@@ -55,7 +54,7 @@ EMBED_ALL_KEYS = ("inputs", "model", *OPTION_NAMES)
 
 
 def token_options(
-    values: Mapping[str, Any], *, where: str, ignore: Sequence[str] = ()
+    values: Mapping[str, object], *, where: str, ignore: Sequence[str] = ()
 ) -> EmbedOptions:
     """The embedding options among ``values`` (a body's keys, a request's parameters), with
     TEI's capitalised ``truncation_direction`` taken as it means.
@@ -71,7 +70,7 @@ def token_options(
 def token_plan(
     texts: Sequence[str],
     options: EmbedOptions,
-    metadata: Mapping[str, Any],
+    metadata: Mapping[str, object],
     *,
     model: str,
     truncate_default: bool = True,
@@ -127,7 +126,7 @@ def parse_embed_all_request(body: bytes) -> EmbedAllRequest:
     )
 
 
-def token_vectors(outputs: Sequence[Any]) -> list[TokenVectors]:
+def token_vectors(outputs: Sequence[object]) -> list[TokenVectors]:
     """The model's outputs, checked to be per-token vectors with one id per vector.
 
     :raises InferenceFailed: the model broke the contract.

@@ -30,17 +30,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import orjson
 
-from batching.errors import InvalidRequest
+from batching import errors
+from batching.documents import JSONObject, listed, parse_object
+from batching.errors import BatchingError, InvalidRequest
 
+from .capability import first_output
 from .embed_options import WIRE_ENCODINGS, EmbedOptions, encode_vector, read_options
 from .json_types import json_type
 
 __all__ = [
+    "CODES",
+    "code_of",
     "ENCODING_FORMATS",
     "LANGCHAIN_HINT",
     "MAX_INPUTS",
@@ -98,26 +102,48 @@ class EmbeddingsRequest:
     options: EmbedOptions = field(default_factory=EmbedOptions)
 
 
-def json_object(body: bytes) -> dict[str, Any]:
+#: OpenAI's ``code`` of each error the tree raises, where the error does not carry its own.
+CODES: dict[type[BatchingError], str] = {
+    errors.ModelNotFound: "model_not_found",
+    errors.PayloadTooLarge: "request_too_large",
+    errors.UnprocessableInput: "unprocessable_input",
+    errors.InvalidRequest: "invalid_request",
+    errors.Overloaded: "overloaded",
+    errors.NotReady: "not_ready",
+    errors.Unavailable: "unavailable",
+    errors.DeadlineExceeded: "timeout",
+    errors.InferenceFailed: "inference_failed",
+}
+
+
+def code_of(exc: BatchingError) -> str | None:
+    """OpenAI's ``code`` of ``exc``: its own, else its nearest class's in :data:`CODES`."""
+    own = getattr(exc, "code", None)
+    if isinstance(own, str):
+        return own
+    for cls in type(exc).__mro__:
+        code = CODES.get(cls)
+        if code is not None:
+            return code
+    return None
+
+
+def json_object(body: bytes) -> JSONObject:
     """The request body as a JSON object.
 
     :raises OpenAIError: not JSON, or not an object.
     """
-    try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise OpenAIError(
-            f"the request body is not valid JSON: {exc}", code="invalid_json"
-        ) from None
-    if not isinstance(document, dict):
-        raise OpenAIError(
-            f"the request body must be a JSON object, not {json_type(document)}",
+    return parse_object(
+        body,
+        lambda exc: OpenAIError(f"the request body is not valid JSON: {exc}", code="invalid_json"),
+        lambda other: OpenAIError(
+            f"the request body must be a JSON object, not {json_type(other)}",
             code="invalid_type",
-        )
-    return document
+        ),
+    )
 
 
-def model_name(document: Mapping[str, Any]) -> str:
+def model_name(document: Mapping[str, object]) -> str:
     """The required ``model`` of a request.
 
     :raises OpenAIError: missing, or not a non-empty string.
@@ -136,7 +162,7 @@ def model_name(document: Mapping[str, Any]) -> str:
     return model
 
 
-def _is_token_id(value: Any) -> bool:
+def _is_token_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -149,7 +175,7 @@ def _token_ids_error(where: str) -> OpenAIError:
     )
 
 
-def _texts(value: Any) -> list[str]:
+def _texts(value: object) -> list[str]:
     if value is None:
         raise OpenAIError(
             "you must provide an input parameter: a string or an array of strings",
@@ -239,21 +265,15 @@ def check_token_limits(lengths: Sequence[int]) -> None:
 # --- what a model's metadata says ----------------------------------------------------------
 
 
-def _first_output(metadata: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    outputs = metadata.get("outputs") or []
-    first = outputs[0] if outputs else None
-    return first if isinstance(first, Mapping) else None
-
-
-def is_embedding_model(metadata: Mapping[str, Any]) -> bool:
+def is_embedding_model(metadata: Mapping[str, object]) -> bool:
     """Whether a model's metadata describes an embedding model: its first input is text
     (BYTES) and its first output one FP32 vector per item (shape ``[-1, dim]``)."""
-    inputs = metadata.get("inputs") or []
+    inputs = listed(metadata.get("inputs"))
     if not inputs or not isinstance(inputs[0], Mapping) or inputs[0].get("datatype") != "BYTES":
         return False
     if any(isinstance(extra, Mapping) and not extra.get("optional") for extra in inputs[1:]):
         return False
-    output = _first_output(metadata)
+    output = first_output(metadata)
     if output is None or output.get("datatype") != "FP32":
         return False
     shape = output.get("shape")
@@ -279,7 +299,7 @@ def encode_embeddings(
     as_base64 = encoding_format == "base64" or encoding_format.endswith("+base64")
     data = []
     for index, vector in enumerate(vectors):
-        entry: dict[str, Any] = {
+        entry: dict[str, object] = {
             "object": "embedding",
             "index": index,
             "embedding": encode_vector(vector, as_base64),
@@ -298,18 +318,18 @@ def encode_embeddings(
     )
 
 
-def _model_object(name: str, created: int, extra: Mapping[str, Any]) -> dict[str, Any]:
+def _model_object(name: str, created: int, extra: Mapping[str, object]) -> dict[str, object]:
     return {"id": name, "object": "model", "created": created, "owned_by": "batching", **extra}
 
 
-def encode_models(models: Iterable[tuple[str, Mapping[str, Any]]], created: int) -> bytes:
+def encode_models(models: Iterable[tuple[str, Mapping[str, object]]], created: int) -> bytes:
     """The ``GET /v1/models`` answer: each model's name and what else describes it."""
     return orjson.dumps(
         {"object": "list", "data": [_model_object(name, created, extra) for name, extra in models]}
     )
 
 
-def encode_model(name: str, created: int, extra: Mapping[str, Any]) -> bytes:
+def encode_model(name: str, created: int, extra: Mapping[str, object]) -> bytes:
     """The ``GET /v1/models/{model}`` answer."""
     return orjson.dumps(_model_object(name, created, extra))
 

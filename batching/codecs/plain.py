@@ -26,7 +26,9 @@ from typing import Any
 
 import orjson
 
+from batching.documents import listed
 from batching.errors import InvalidRequest, NotReady, UnprocessableInput
+from batching.models.items import Item
 
 from .inputs import InputSpec, named_item
 from .media import media_body, media_bytes
@@ -53,11 +55,11 @@ class PlainRequest:
     """A plain body: its inputs, one per item, and the option keys it set beside them (or in
     its ``parameters``), as sent."""
 
-    inputs: list[Any]
-    options: dict[str, Any] = field(default_factory=dict)
+    inputs: Sequence[Item]
+    options: dict[str, object] = field(default_factory=dict)
 
 
-def parse_inputs(body: bytes, content_type: str) -> list[Any]:
+def parse_inputs(body: bytes, content_type: str) -> Sequence[Item]:
     """The request's inputs, one per item, in order (its options left aside).
 
     :raises InvalidRequest: empty body, bad JSON, not UTF-8, or no usable ``inputs``.
@@ -90,7 +92,9 @@ def parse_request(body: bytes, content_type: str) -> PlainRequest:
         raise InvalidRequest("the request body is not valid UTF-8 text") from None
 
 
-def media_request(body: bytes, content_type: str, metadata: dict[str, Any]) -> PlainRequest | None:
+def media_request(
+    body: bytes, content_type: str, metadata: dict[str, object]
+) -> PlainRequest | None:
     """A raw media body as one item, for a model whose metadata declares a media input of the
     body's kind: its bytes (a dict of them by input name for a model of several inputs);
     None for a body the usual parse reads (:func:`parse_request`).
@@ -98,7 +102,7 @@ def media_request(body: bytes, content_type: str, metadata: dict[str, Any]) -> P
     :raises InvalidRequest: a media body the model takes no input of, or an empty one.
     :raises NotReady: a media body before the model has said what it takes.
     """
-    entries = [entry for entry in metadata.get("inputs") or [] if isinstance(entry, dict)]
+    entries = [entry for entry in listed(metadata.get("inputs")) if isinstance(entry, dict)]
     media_type = content_type.partition(";")[0].strip().lower()
     if not entries:
         if media_type.partition("/")[0] in ("image", "audio", "video"):
@@ -144,7 +148,7 @@ def _inputs_from_json(document: Any) -> PlainRequest:
     return PlainRequest([inputs], options)
 
 
-def _options(document: dict[str, Any]) -> dict[str, Any]:
+def _options(document: dict[str, object]) -> dict[str, object]:
     """Every key beside ``inputs``, with those of ``parameters`` (HF's shape) merged in."""
     options = {key: value for key, value in document.items() if key not in ("inputs", "parameters")}
     parameters = document.get("parameters")
@@ -159,20 +163,22 @@ def _options(document: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-def check_texts(inputs: list[Any]) -> list[str]:
+def check_texts(inputs: Sequence[Item]) -> list[str]:
     """For text models: every input must be a string.
 
     :raises UnprocessableInput: naming the first input that is not.
     """
+    texts: list[str] = []
     for index, item in enumerate(inputs):
         if not isinstance(item, str):
             raise UnprocessableInput(
                 f"inputs[{index}] is {type(item).__name__}; this model takes text strings"
             )
-    return inputs
+        texts.append(item)
+    return texts
 
 
-def check_inputs(inputs: list[Any], specs: Sequence[InputSpec]) -> list[Any]:
+def check_inputs(inputs: Sequence[Item], specs: Sequence[InputSpec]) -> Sequence[Item]:
     """The items for a model that declares the inputs ``specs``.
 
     With several inputs, every item is an object of them by name (``{"text": a,
@@ -198,7 +204,7 @@ def check_inputs(inputs: list[Any], specs: Sequence[InputSpec]) -> list[Any]:
     return inputs
 
 
-def encode_outputs(model: str, outputs: list[Any]) -> bytes:
+def encode_outputs(model: str, outputs: list[object]) -> bytes:
     """``{"model": ..., "outputs": [...]}``; numpy arrays become lists."""
     return orjson.dumps(
         {"model": model, "outputs": outputs},
@@ -209,7 +215,7 @@ def encode_outputs(model: str, outputs: list[Any]) -> bytes:
 
 def encode_embeddings(
     model: str,
-    vectors: Sequence[Any],
+    vectors: Sequence[object],
     *,
     truncated: Sequence[bool] | None,
     tokens: int | None,
@@ -217,7 +223,7 @@ def encode_embeddings(
     """The answer to an embedding request: ``{"model", "outputs"}`` as for any other, plus
     ``"truncated"`` (per text, whether the model cut it) and ``"usage"`` (tokens used,
     prompts included) when they are known. ``vectors`` are arrays or base64 strings."""
-    answer: dict[str, Any] = {"model": model, "outputs": list(vectors)}
+    answer: dict[str, object] = {"model": model, "outputs": list(vectors)}
     if truncated is not None:
         answer["truncated"] = list(truncated)
     if tokens is not None:
@@ -225,7 +231,7 @@ def encode_embeddings(
     return orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def _fallback(value: Any) -> Any:
+def _fallback(value: object) -> Any:
     # numpy scalars of types orjson does not know, tuples of arrays, and the like.
     tolist = getattr(value, "tolist", None)
     if tolist is not None:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import orjson
@@ -64,7 +63,7 @@ class RerankRequest:
     return_documents: bool = False
 
 
-def _document(value: Any, index: int) -> str:
+def _document(value: object, index: int) -> str:
     if isinstance(value, dict) and set(value) == {"text"}:
         value = value["text"]
     if not isinstance(value, str):
@@ -133,7 +132,7 @@ def positive_label(labels: Sequence[str]) -> str | None:
     return None
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float | np.integer | np.floating):
@@ -154,7 +153,7 @@ def _unreadable(model: str, why: str) -> OpenAIError:
     )
 
 
-def relevance_of(output: Any, labels: Sequence[str], model: str) -> float:
+def relevance_of(output: object, labels: Sequence[str], model: str) -> float:
     """The relevance score of one pair from the model's ``output`` for it (see the module's
     docstring); ``labels`` are the model's labels in logit order (empty when unknown).
 
@@ -204,9 +203,9 @@ def encode_rerank(
     order = sorted(range(len(scores)), key=lambda index: -scores[index])
     if request.top_n is not None:
         order = order[: request.top_n]
-    results: list[dict[str, Any]] = []
+    results: list[dict[str, object]] = []
     for index in order:
-        result: dict[str, Any] = {"index": index, "relevance_score": scores[index]}
+        result: dict[str, object] = {"index": index, "relevance_score": scores[index]}
         if request.return_documents:
             result["document"] = {"text": request.documents[index]}
         results.append(result)

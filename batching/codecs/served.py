@@ -12,7 +12,6 @@ vLLM adds ``max_model_len``:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from batching.models.tasks.generation import CHAT_TEMPLATE_KEY, streams
 
@@ -23,11 +22,12 @@ from .sparse import serves_sparse
 __all__ = ["max_model_len", "served"]
 
 
-def served(name: str, metadata: Mapping[str, Any], task: str | None) -> dict[str, Any]:
+def served(name: str, metadata: Mapping[str, object], task: str | None) -> dict[str, object]:
     """What model ``name`` serves, from its metadata (empty while it loads) and its task."""
     endpoints = [f"/models/{name}", f"/v2/models/{name}/infer"]
     kind = task
-    if streams(metadata.get("task") or task):
+    declared = metadata.get("task")
+    if streams(declared if isinstance(declared, str) and declared else task):
         endpoints += ["/v1/completions"]
         if metadata.get(CHAT_TEMPLATE_KEY):
             endpoints += ["/v1/chat/completions"]
@@ -41,7 +41,7 @@ def served(name: str, metadata: Mapping[str, Any], task: str | None) -> dict[str
     elif takes_pairs(metadata):
         kind = kind or "text-pair-classification"
         endpoints += ["/v1/rerank"]
-    described: dict[str, Any] = {"task": kind or ("custom" if metadata else None)}
+    described: dict[str, object] = {"task": kind or ("custom" if metadata else None)}
     described["endpoints"] = endpoints
     length = max_model_len(metadata)
     if length is not None:
@@ -49,7 +49,7 @@ def served(name: str, metadata: Mapping[str, Any], task: str | None) -> dict[str
     return described
 
 
-def max_model_len(metadata: Mapping[str, Any]) -> int | None:
+def max_model_len(metadata: Mapping[str, object]) -> int | None:
     """The most tokens an input of the model is read with, where its metadata says."""
     embedding = metadata.get("embedding")
     for value in (

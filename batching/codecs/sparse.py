@@ -13,14 +13,13 @@ with ``"token"`` (the vocabulary entry) when ``return_tokens`` is true; indices 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
-from batching.errors import InvalidRequest
-from batching.models.items import EMBEDDING_KEY, EmbedItem, SparseVector
+from batching.errors import InferenceFailed, InvalidRequest
+from batching.models.items import EMBEDDING_KEY, EmbedItem, Item, SparseVector
 from batching.runtime.deployment import Deployment
 
 from .capability import max_seq_length
@@ -62,7 +61,7 @@ class SparseRequest:
         None: the server's default (``--no-truncate`` makes it False).
     """
 
-    texts: list[str]
+    texts: Sequence[str]
     model: str | None = None
     truncate: bool | None = None
     truncate_left: bool = False
@@ -71,7 +70,7 @@ class SparseRequest:
     return_tokens: bool = False
 
 
-def _flag(document: Mapping[str, Any], key: str) -> bool:
+def _flag(document: Mapping[str, object], key: str) -> bool:
     value = document.get(key)
     if value is None:
         return False
@@ -115,8 +114,8 @@ def parse_sparse_request(body: bytes) -> SparseRequest:
 
 
 def options_request(
-    texts: list[Any],
-    options: Mapping[str, Any],
+    texts: Sequence[str],
+    options: Mapping[str, object],
     *,
     where: str,
     ignore: Iterable[str] = (),
@@ -148,7 +147,7 @@ def options_request(
     )
 
 
-def serves_sparse(metadata: Mapping[str, Any]) -> bool:
+def serves_sparse(metadata: Mapping[str, object]) -> bool:
     """Whether a model's metadata says it returns sparse vectors (``"sparse"`` among its
     ``"embedding"`` outputs)."""
     described = metadata.get(EMBEDDING_KEY)
@@ -156,14 +155,14 @@ def serves_sparse(metadata: Mapping[str, Any]) -> bool:
     return isinstance(outputs, list | tuple) and "sparse" in outputs
 
 
-def sparse_items(request: SparseRequest, metadata: Mapping[str, Any]) -> list[Any]:
+def sparse_items(request: SparseRequest, metadata: Mapping[str, object]) -> list[Item]:
     """The items to queue: plain texts when the request sets no option the model must apply
     (it then adds its default prompt), else :class:`EmbedItem` with the prompt resolved.
 
     :raises InvalidRequest: a prompt name (or input type) the model has no prompt for.
     """
     described = metadata.get(EMBEDDING_KEY)
-    info: Mapping[str, Any] = described if isinstance(described, Mapping) else {}
+    info: Mapping[str, object] = described if isinstance(described, Mapping) else {}
     # The prompt prompt_name or input_type picks, as for dense embeddings.
     prompt = resolve_prompt(request.prompt_name, request.input_type, info, request.model)
     if prompt is None and not request.truncate_left:
@@ -190,10 +189,15 @@ def check_lengths(lengths: list[int], max_length: int) -> None:
             )
 
 
-def encode_sparse(vectors: list[SparseVector], return_tokens: bool) -> bytes:
-    """TEI's answer: per text, ``[{"index", "value"(, "token")}]`` of its non-zeros."""
-    answer: list[list[dict[str, Any]]] = []
-    for vector in vectors:
+def encode_sparse(outputs: Sequence[object], return_tokens: bool) -> bytes:
+    """TEI's answer: per text, ``[{"index", "value"(, "token")}]`` of its non-zeros.
+
+    :raises InferenceFailed: the model answered with something else than sparse vectors.
+    """
+    answer: list[list[dict[str, object]]] = []
+    for vector in outputs:
+        if not isinstance(vector, SparseVector):
+            raise InferenceFailed(f"the model answered a sparse item with {type(vector).__name__}")
         indices = vector.indices.tolist()
         values = vector.values.tolist()
         if return_tokens:
@@ -214,11 +218,12 @@ def encode_sparse(vectors: list[SparseVector], return_tokens: bool) -> bytes:
 
 
 def refused_length(
-    deployment: Deployment, truncate: bool | None, metadata: Mapping[str, Any] | None = None
+    deployment: Deployment, truncate: object, metadata: Mapping[str, object] | None = None
 ) -> int | None:
     """The most tokens a sparse model's item may have when it may not be cut: its max length
     with ``truncate: false`` (asked, or the server's ``--no-truncate`` when not asked); None
-    when items are cut (or the model is not sparse, or states no length)."""
+    when items are cut (or the model is not sparse, or states no length). ``truncate`` is as
+    sent: only ``False`` refuses."""
     metadata = deployment.metadata if metadata is None else metadata
     if not serves_sparse(metadata):
         return None

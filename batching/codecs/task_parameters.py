@@ -11,11 +11,11 @@ inputs as they are.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from batching.errors import InvalidRequest, NotReady
 from batching.models.generation.grammars import check_constraint
+from batching.models.items import Item
 from batching.models.parameters import (
     PARAMETERS_KEY,
     InvalidParameter,
@@ -35,8 +35,8 @@ def declares_parameters(deployment: Deployment) -> bool:
 
 
 def task_items(
-    deployment: Deployment, inputs: list[Any], given: Mapping[str, Any], *, where: str
-) -> list[Any]:
+    deployment: Deployment, inputs: Sequence[Item], given: Mapping[str, object], *, where: str
+) -> Sequence[Item]:
     """``inputs`` with the request's parameters (``given``) and the deployment's defaults,
     checked; the inputs as they are when neither sets any.
 
@@ -65,7 +65,7 @@ def task_items(
     return [TaskItem(item, checked) for item in inputs]
 
 
-def list_values(deployment: Deployment, given: Mapping[str, Any]) -> dict[str, Any]:
+def list_values(deployment: Deployment, given: Mapping[str, object]) -> dict[str, object]:
     """``given`` with a list parameter sent as one string holding a JSON array
     (``'["cat", "dog"]'``) read as that list: what a protocol whose parameters are scalars
     (KServe v2 over gRPC) sends for a list. Any other value is left as sent.

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeGuard
 
 import orjson
 
+from batching.documents import JSONObject, parse_object
 from batching.errors import InferenceFailed, InvalidRequest, UnprocessableInput
 from batching.models.items import DecodeItem, TokenizeItem, Tokens
 
@@ -39,19 +40,18 @@ __all__ = [
 ]
 
 
-def json_object(body: bytes, keys: Sequence[str], route: str) -> dict[str, Any]:
+def json_object(body: bytes, keys: Sequence[str], route: str) -> JSONObject:
     """The body as a JSON object with no key outside ``keys``.
 
     :raises InvalidRequest: not JSON, not an object, or an unknown key.
     """
     if not body.strip():
         raise InvalidRequest(f"the request body is empty: {route} takes a JSON object")
-    try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(document, dict):
-        raise InvalidRequest(f"{route} takes a JSON object, not {type(document).__name__}")
+    document = parse_object(
+        body,
+        lambda exc: InvalidRequest(f"the request body is not valid JSON: {exc}"),
+        lambda other: InvalidRequest(f"{route} takes a JSON object, not {type(other).__name__}"),
+    )
     unknown = [key for key in document if key not in keys]
     if unknown:
         raise InvalidRequest(
@@ -60,7 +60,7 @@ def json_object(body: bytes, keys: Sequence[str], route: str) -> dict[str, Any]:
     return document
 
 
-def optional_bool(document: Mapping[str, Any], key: str, default: bool) -> bool:
+def optional_bool(document: Mapping[str, object], key: str, default: bool) -> bool:
     value = document.get(key)
     if value is None:
         return default
@@ -69,14 +69,14 @@ def optional_bool(document: Mapping[str, Any], key: str, default: bool) -> bool:
     return value
 
 
-def optional_str(document: Mapping[str, Any], key: str) -> str | None:
+def optional_str(document: Mapping[str, object], key: str) -> str | None:
     value = document.get(key)
     if value is not None and not isinstance(value, str):
         raise InvalidRequest(f"{key!r} must be a string, not {type(value).__name__}")
     return value
 
 
-def texts_of(document: Mapping[str, Any]) -> list[str]:
+def texts_of(document: Mapping[str, object]) -> list[str]:
     """``inputs``: one text, or a non-empty list of texts.
 
     :raises InvalidRequest: missing, empty, or not text.
@@ -137,7 +137,7 @@ class DecodeRequest:
 DECODE_KEYS = ("ids", "skip_special_tokens", "model")
 
 
-def _is_id(value: Any) -> bool:
+def _is_id(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
@@ -150,20 +150,21 @@ def parse_decode_request(body: bytes) -> DecodeRequest:
     ids = document.get("ids")
     if not isinstance(ids, list):
         raise InvalidRequest('the body needs "ids": a list of token ids, or a list of such lists')
-    if ids and all(isinstance(row, list) for row in ids):
-        sequences = ids
-    elif any(isinstance(row, list) for row in ids):
+    rows = [row for row in ids if isinstance(row, list)]
+    nested = bool(ids) and len(rows) == len(ids)
+    if rows and not nested:
         raise InvalidRequest('"ids" mixes ids and lists of ids')
-    else:
-        sequences = [ids]
+    sequences = rows if nested else [ids]
+    checked: list[tuple[int, ...]] = []
     for row, sequence in enumerate(sequences):
         for column, value in enumerate(sequence):
             if not _is_id(value):
-                where = f"ids[{row}][{column}]" if sequences is ids else f"ids[{column}]"
+                where = f"ids[{row}][{column}]" if nested else f"ids[{column}]"
                 raise InvalidRequest(f"{where} is {value!r}: a token id is an integer >= 0")
+        checked.append(tuple(value for value in sequence if _is_id(value)))
     return DecodeRequest(
         model=optional_str(document, "model"),
-        ids=[tuple(sequence) for sequence in sequences],
+        ids=checked,
         skip_special_tokens=optional_bool(document, "skip_special_tokens", True),
     )
 
@@ -191,13 +192,13 @@ def usage_of(counts: Sequence[int]) -> dict[str, int]:
     return {"prompt_tokens": total, "total_tokens": total}
 
 
-def _check_tokens(output: Any) -> Tokens:
+def _check_tokens(output: object) -> Tokens:
     if not isinstance(output, Tokens):
         raise InferenceFailed(f"the model answered a tokenize item with {type(output).__name__}")
     return output
 
 
-def encode_tokens(model: str, outputs: Sequence[Any]) -> bytes:
+def encode_tokens(model: str, outputs: Sequence[object]) -> bytes:
     """The ``/tokenize`` answer of the model's :class:`Tokens`, one per text."""
     texts = []
     counts = []
@@ -214,7 +215,7 @@ def encode_tokens(model: str, outputs: Sequence[Any]) -> bytes:
     return orjson.dumps({"model": model, "tokens": texts, "usage": usage_of(counts)})
 
 
-def encode_decoded(model: str, outputs: Sequence[Any]) -> bytes:
+def encode_decoded(model: str, outputs: Sequence[object]) -> bytes:
     """The ``/decode`` answer: one text per sequence."""
     for output in outputs:
         if not isinstance(output, str):

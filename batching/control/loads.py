@@ -120,7 +120,7 @@ class ModelControl:
         if refusal is not None:
             raise PermissionDenied(refusal)
 
-    async def load(self, name: str, overrides: Mapping[str, Any] | None = None) -> None:
+    async def load(self, name: str, overrides: Mapping[str, object] | None = None) -> None:
         """Load ``name`` from the repository (with ``overrides`` applied), or reload it if it
         is served: the call returns once the new version serves.
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from batching.config import ModelConfig
 from batching.runtime.cpus import InstanceBudget, read_cpu_budget
@@ -49,7 +48,7 @@ ReadRepository = Callable[[], Sequence[RepositoryEntry]]
 #: A model's configuration with a load call's ``config`` applied, its instances within the
 #: budget given (the room the other models leave); raises
 #: :class:`~batching.errors.InvalidRequest` naming the key at fault and its bound.
-ApplyOverrides = Callable[[ModelConfig, Mapping[str, Any], InstanceBudget], ModelConfig]
+ApplyOverrides = Callable[[ModelConfig, Mapping[str, object], InstanceBudget], ModelConfig]
 
 OnReady = Callable[[Deployment, int, InstanceInfo], None]
 OnFailure = Callable[[Deployment, int, str], None]

@@ -4,7 +4,6 @@ and version the server knows of, served or not."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -17,15 +16,15 @@ __all__ = ["STATES", "StateCollector", "model_states"]
 STATES = ("LOADING", "READY", "UNLOADING", "UNAVAILABLE")
 
 
-def model_states(deployments: Deployments) -> list[dict[str, Any]]:
+def model_states(deployments: Deployments) -> list[dict[str, object]]:
     """Every model and version the server knows of, with its state and, when it is not
     ready, why: the served ones (READY; LOADING until warm or while an instance restarts;
     UNAVAILABLE when their load failed), then the others (loading beside a served version,
     unloading, unloaded, failed at run time). A ready model also says the resident memory its
     instances' loads added (``memory_mb``)."""
-    states: list[dict[str, Any]] = []
+    states: list[dict[str, object]] = []
     for deployment in deployments:
-        entry: dict[str, Any] = {"name": deployment.name, "version": deployment.config.version}
+        entry: dict[str, object] = {"name": deployment.name, "version": deployment.config.version}
         if deployment.ready:
             entry["state"] = "READY"
             entry["memory_mb"] = round(sum(deployment.memory_bytes.values()) / 2**20, 1)
@@ -59,7 +58,7 @@ class StateCollector(Collector):
         )
         seen: set[tuple[str, str, str]] = set()
         for entry in model_states(self.deployments):
-            labels = (entry["name"], entry["version"], entry["state"])
+            labels = (str(entry["name"]), str(entry["version"]), str(entry["state"]))
             if labels not in seen:
                 seen.add(labels)
                 family.add_metric(list(labels), 1.0)

@@ -17,7 +17,7 @@ import asyncio
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Generic
 
 from batching.errors import DeadlineExceeded, NotReady, PayloadTooLarge
 
@@ -25,15 +25,24 @@ from .admission import Admission, Throughput
 from .bisection import run_bisecting
 from .config import BatchingConfig
 from .events import BatchEvents, BatchRun, NoEvents, RequestRun
-from .jobs import InstanceLost, Job, Pending, Request, RunBatch
+from .jobs import InstanceLost, ItemT, Job, Pending, Request, RunBatch
 from .line import Line
 from .packing import Batch, fill_by_length, fill_in_order, longest
 from .policy import BatchPolicy, Formation
 
-__all__ = ["BatchEvents", "Batcher", "InstanceLost", "Job", "Pending", "Request", "RunBatch"]
+__all__ = [
+    "BatchEvents",
+    "Batcher",
+    "InstanceLost",
+    "ItemT",
+    "Job",
+    "Pending",
+    "Request",
+    "RunBatch",
+]
 
 
-class Batcher:
+class Batcher(Generic[ItemT]):
     """One model's queue and the collectors that batch it onto the model's instances.
 
     :param name: the model's name, for logs.
@@ -42,6 +51,9 @@ class Batcher:
     :param events: receives counts and timings.
     :param clock: seconds, for the per-request times of ``request_done`` only.
     :param rng: draws the spread of Retry-After hints (tests inject a seeded one).
+
+    Generic in its items (``Batcher[Item]`` in the runtime): it counts, slices and hands them
+    to the instances' runners, and never looks inside one.
 
     Fair queuing: small requests are served first come, first served; a request larger than
     what the next batch can take is split, and the unserved rest goes to the *back* of the
@@ -70,7 +82,7 @@ class Batcher:
         self.policy = policy
         self.events: BatchEvents = events or NoEvents()
         #: The jobs waiting, in the order batches take them (fair: see :class:`Line`).
-        self.line = Line()
+        self.line: Line[ItemT] = Line()
         self._formation = asyncio.Lock()
         #: Admitted requests none of whose items has started running yet.
         self.queued_requests = 0
@@ -126,7 +138,7 @@ class Batcher:
 
     def submit(
         self,
-        items: list[Any],
+        items: list[ItemT],
         *,
         deadline: float,
         tokens: list[int] | None = None,
@@ -149,7 +161,7 @@ class Batcher:
         now = self.admit(count, deadline=deadline)
         loop = asyncio.get_running_loop()
         future = Pending(loop=loop)
-        request = Request(
+        request: Request[ItemT] = Request(
             items=items,
             tokens=tokens,
             future=future,
@@ -191,14 +203,14 @@ class Batcher:
 
     # --------------------------------------------------------------- loop side: form batches
 
-    def _take_nowait(self) -> Job | None:
+    def _take_nowait(self) -> Job[ItemT] | None:
         """The next live job, or None; drops jobs whose caller is gone or too late."""
         while True:
             job = self.line.take()
             if job is None or self._is_live(job):
                 return job
 
-    def _is_live(self, job: Job) -> bool:
+    def _is_live(self, job: Job[ItemT]) -> bool:
         request = job.request
         if request.future.done():
             # Cancelled by a disconnect or a deadline, or failed with another part of it.
@@ -212,7 +224,7 @@ class Batcher:
             return False
         return True
 
-    def _report(self, request: Request) -> None:
+    def _report(self, request: Request[ItemT]) -> None:
         """Tell the observer how a resolved request went; once per request."""
         if request.reported:
             return
@@ -237,14 +249,14 @@ class Batcher:
             )
             self.events.request_ran(request.trace, run)
 
-    async def _take(self) -> Job:
+    async def _take(self) -> Job[ItemT]:
         while True:
             job = self._take_nowait()
             if job is not None:
                 return job
             await self.line.wait_for_a_job()
 
-    async def next_batch(self) -> tuple[list[Job], str, bool]:
+    async def next_batch(self) -> tuple[list[Job[ItemT]], str, bool]:
         """Wait for work and form the next batch; returns its jobs, why it was released, and
         whether work was already waiting when this collector's turn to form came (the
         instance went from one batch to the next without waiting for an arrival).
@@ -257,7 +269,7 @@ class Batcher:
             self.line.next_turn()
             waiting = self.queued_items > 0
             first = await self._take()
-            batch = Batch(self.config.max_batch_size, self.config.max_batch_tokens)
+            batch: Batch[ItemT] = Batch(self.config.max_batch_size, self.config.max_batch_tokens)
             self.line.leave(first, batch.take(first))
             try:
                 reason = await self._collect(batch, first)
@@ -269,7 +281,7 @@ class Batcher:
                 raise
             return batch.jobs, reason, waiting
 
-    async def _collect(self, batch: Batch, first: Job) -> str:
+    async def _collect(self, batch: Batch[ItemT], first: Job[ItemT]) -> str:
         loop = asyncio.get_running_loop()
         config = self.config
         group_by_length = config.max_batch_tokens is not None and first.request.tokens is not None
@@ -303,7 +315,7 @@ class Batcher:
 
     # ----------------------------------------------------------- loop side: run and resolve
 
-    async def serve(self, run: RunBatch, instance: str = "") -> None:
+    async def serve(self, run: RunBatch[ItemT], instance: str = "") -> None:
         """The collector of one instance: form a batch, run it, resolve it; forever.
         ``instance`` names the instance in the :class:`BatchRun` events."""
         loop = asyncio.get_running_loop()
@@ -385,7 +397,7 @@ class Batcher:
             self._report(job.request)
 
 
-def _traces_of(jobs: list[Job]) -> list[object]:
+def _traces_of(jobs: list[Job[ItemT]]) -> list[object]:
     """The traces of the requests ``jobs`` belong to, once each, in order; each such request
     counts one more batch."""
     traces: list[object] = []

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from batching.errors import ClientError, InferenceFailed
 
-from .jobs import InstanceLost, Job, RunBatch
+from .jobs import InstanceLost, ItemT, Job, RunBatch
 from .packing import inputs_of, padded_tokens
 
 __all__ = ["ObserveBatch", "run_bisecting"]
@@ -25,7 +25,11 @@ ObserveBatch = Callable[[int, int, float, bool], None]
 
 
 async def run_bisecting(
-    run: RunBatch, jobs: list[Job], name: str, observe: ObserveBatch, learn: bool = False
+    run: RunBatch[ItemT],
+    jobs: list[Job[ItemT]],
+    name: str,
+    observe: ObserveBatch,
+    learn: bool = False,
 ) -> tuple[int, int, float]:
     """Run ``jobs`` as one batch; when the model raises, bisect so that only the jobs holding
     a failing input fail. Returns items, padded tokens and compute seconds.
@@ -68,7 +72,7 @@ async def run_bisecting(
     return len(inputs), tokens, compute_s
 
 
-def _fail_alone(job: Job, exc: Exception, name: str) -> None:
+def _fail_alone(job: Job[ItemT], exc: Exception, name: str) -> None:
     """The one job left holds the input the model failed on."""
     request_id = job.request.request_id or "-"
     if isinstance(exc, ClientError):

@@ -1,14 +1,22 @@
 """What travels through a model's queue: a caller's request and the slices of it (jobs) that
-batches carry, and the callable that runs a batch on an instance."""
+batches carry, and the callable that runs a batch on an instance.
+
+The core is generic in the item type (``ItemT``): it only counts items, slices them and hands
+them to the instance's runner, so it never needs to know what they are; the runtime binds it
+to the models' :data:`~batching.models.items.Item`. Outputs are ``object`` here: the core
+stores them and hands each caller its own, in order."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Generic, Protocol, TypeVar
 
-__all__ = ["InstanceLost", "Job", "Outputs", "Pending", "Request", "RunBatch"]
+__all__ = ["InstanceLost", "ItemT", "Job", "Outputs", "Pending", "Request", "RunBatch"]
+
+#: The type of the items a batcher carries (the runtime's: the models' ``Item``).
+ItemT = TypeVar("ItemT")
 
 
 class Outputs(Protocol):
@@ -18,16 +26,16 @@ class Outputs(Protocol):
 
     def __len__(self) -> int: ...
 
-    def __iter__(self) -> Iterator[Any]: ...
+    def __iter__(self) -> Iterator[object]: ...
 
     def __getitem__(self, index: slice, /) -> Outputs: ...
 
 
 #: Runs one batch on an instance: inputs in, one output per input out, plus seconds computed.
-RunBatch = Callable[[list[Any]], Awaitable[tuple[Outputs, float]]]
+RunBatch = Callable[[list[ItemT]], Awaitable[tuple[Outputs, float]]]
 
 
-class Pending(asyncio.Future[list[Any]]):
+class Pending(asyncio.Future[list[object]]):
     """The future of one submitted request's outputs, as :meth:`Batcher.submit` returns it.
 
     :attr:`running` says whether a batch has started on any of its items, so that a caller
@@ -38,16 +46,16 @@ class Pending(asyncio.Future[list[Any]]):
 
 
 @dataclass(eq=False, slots=True)
-class Request:
+class Request(Generic[ItemT]):
     """One caller's submission: its items, their results so far, and the future to resolve."""
 
-    items: list[Any]
+    items: list[ItemT]
     tokens: list[int] | None
     future: Pending
     enqueued_at: float
     deadline: float
     request_id: str = ""
-    results: list[Any] = field(default_factory=list)
+    results: list[object] = field(default_factory=list)
     unresolved: int = 0
     #: When it was admitted and when its first batch started (None while no part of it has
     #: run), both on the batcher's statistics clock, not the loop's.
@@ -82,10 +90,10 @@ class Request:
 
 
 @dataclass(eq=False, slots=True)
-class Job:
+class Job(Generic[ItemT]):
     """A queue entry: the slice ``[start, stop)`` of one request's items."""
 
-    request: Request
+    request: Request[ItemT]
     start: int
     stop: int
 

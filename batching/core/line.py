@@ -12,19 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from typing import Generic
 
-from .jobs import Job
+from .jobs import ItemT, Job
 
 __all__ = ["Line"]
 
 
-class Line:
+class Line(Generic[ItemT]):
     """The jobs of one model waiting for a batch, and how many items they hold."""
 
     def __init__(self) -> None:
-        self._head: collections.deque[Job] = collections.deque()
-        self._queue: collections.deque[Job] = collections.deque()
-        self._rotation: collections.deque[Job] = collections.deque()
+        self._head: collections.deque[Job[ItemT]] = collections.deque()
+        self._queue: collections.deque[Job[ItemT]] = collections.deque()
+        self._rotation: collections.deque[Job[ItemT]] = collections.deque()
         self._waiters: list[asyncio.Future[None]] = []
         #: Items of the jobs waiting in any of the three places.
         self.items = 0
@@ -34,13 +35,13 @@ class Line:
         """Whether any job waits."""
         return bool(self._head or self._queue or self._rotation)
 
-    def arrive(self, job: Job) -> None:
+    def arrive(self, job: Job[ItemT]) -> None:
         """A new request's job joins the back of the queue; a collector waiting wakes."""
         self._queue.append(job)
         self.items += job.size
         self._wake()
 
-    def take(self) -> Job | None:
+    def take(self) -> Job[ItemT] | None:
         """The next job waiting, or None."""
         for place in (self._head, self._queue, self._rotation):
             if place:
@@ -49,13 +50,13 @@ class Line:
                 return job
         return None
 
-    def put_back(self, job: Job | None) -> None:
+    def put_back(self, job: Job[ItemT] | None) -> None:
         """A job taken but not served goes back to the front of the line."""
         if job is not None:
             self._head.appendleft(job)
             self.items += job.size
 
-    def rotate(self, job: Job) -> None:
+    def rotate(self, job: Job[ItemT]) -> None:
         """The unserved rest of a request that was just served a batch-sized turn goes round
         to the back of the queue once the next batch starts forming: round-robin by request,
         so a 1,024-item request cannot hold the line while small requests queued behind it
@@ -63,7 +64,7 @@ class Line:
         self._rotation.append(job)
         self.items += job.size
 
-    def leave(self, taken: Job, rest: Job | None) -> None:
+    def leave(self, taken: Job[ItemT], rest: Job[ItemT] | None) -> None:
         """What a batch left of ``taken``: nothing, all of it (it keeps its place at the head
         of the line), or the rest of a split (it goes round to the back)."""
         if rest is None:

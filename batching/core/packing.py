@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Generic
 
-from .jobs import Job
+from .jobs import ItemT, Job
 from .line import Line
 
 __all__ = [
@@ -24,13 +24,13 @@ __all__ = [
 LENGTH_SPREAD = 2.0
 
 
-class Batch:
+class Batch(Generic[ItemT]):
     """A forming batch: jobs whose slices add up to at most the item and token caps."""
 
     __slots__ = ("jobs", "items", "longest", "max_items", "max_tokens")
 
     def __init__(self, max_items: int, max_tokens: int | None) -> None:
-        self.jobs: list[Job] = []
+        self.jobs: list[Job[ItemT]] = []
         self.items = 0
         self.longest = 0
         self.max_items = max_items
@@ -46,7 +46,7 @@ class Batch:
             return True
         return self.max_tokens is not None and (self.items + 1) * self.longest >= self.max_tokens
 
-    def take(self, job: Job) -> Job | None:
+    def take(self, job: Job[ItemT]) -> Job[ItemT] | None:
         """Add as much of ``job`` as fits; return the part that does not, if any.
 
         A request with a ``token_cap`` (items whose outputs grow with their tokens, such as
@@ -85,7 +85,9 @@ class Batch:
         return Job(job.request, job.start + room, job.stop)
 
 
-def fill_in_order(batch: Batch, line: Line, take: Callable[[], Job | None]) -> bool:
+def fill_in_order(
+    batch: Batch[ItemT], line: Line[ItemT], take: Callable[[], Job[ItemT] | None]
+) -> bool:
     """Add the jobs ``take`` gives (the live ones of ``line``) first come, first served; True
     when the batch can take no more."""
     while not batch.full:
@@ -99,11 +101,16 @@ def fill_in_order(batch: Batch, line: Line, take: Callable[[], Job | None]) -> b
     return True
 
 
-def fill_by_length(batch: Batch, length: int, line: Line, take: Callable[[], Job | None]) -> bool:
+def fill_by_length(
+    batch: Batch[ItemT],
+    length: int,
+    line: Line[ItemT],
+    take: Callable[[], Job[ItemT] | None],
+) -> bool:
     """Add the jobs closest in length to the batch's oldest (``length`` tokens), so short
     texts do not pay for a long one's padding. The oldest job is always in the batch, so a
     long job waits at most until it is the oldest. True when the batch can take no more."""
-    pool: list[Job] = []
+    pool: list[Job[ItemT]] = []
     pooled = 0
     # Looking further than a few batches ahead buys little and costs a sort per batch.
     while pooled < 4 * batch.max_items:
@@ -112,7 +119,7 @@ def fill_by_length(batch: Batch, length: int, line: Line, take: Callable[[], Job
             break
         pool.append(job)
         pooled += job.size
-    left: dict[int, Job] = dict(enumerate(pool))
+    left: dict[int, Job[ItemT]] = dict(enumerate(pool))
     split: set[int] = set()
     for index in sorted(left, key=lambda i: abs(longest(pool[i]) - length)):
         if batch.full:
@@ -137,21 +144,21 @@ def fill_by_length(batch: Batch, length: int, line: Line, take: Callable[[], Job
     return batch.full or bool(left)
 
 
-def inputs_of(jobs: list[Job]) -> list[Any]:
+def inputs_of(jobs: list[Job[ItemT]]) -> list[ItemT]:
     if len(jobs) == 1 and jobs[0].size == len(jobs[0].request.items):
         return jobs[0].request.items
-    out: list[Any] = []
+    out: list[ItemT] = []
     for job in jobs:
         out.extend(job.request.items[job.start : job.stop])
     return out
 
 
-def longest(job: Job) -> int:
+def longest(job: Job[ItemT]) -> int:
     tokens = job.request.tokens
     return max(tokens[job.start : job.stop]) if tokens else 0
 
 
-def padded_tokens(jobs: list[Job]) -> int:
+def padded_tokens(jobs: list[Job[ItemT]]) -> int:
     longest, count = 0, 0
     for job in jobs:
         tokens = job.request.tokens

@@ -18,28 +18,20 @@ from batching.log_settings import LogSettings
 from batching.plane import DataPlane
 
 from .auth import presented_key
+from .tensors import choice_value, parameters_of
 from .v2 import InferenceServicer, _answers_errors
 
 __all__ = ["ControlServicer"]
 
 
-def _repository_parameters(request: Any) -> dict[str, Any]:
+def _repository_parameters(request: Any) -> dict[str, object]:
     """The call's parameters as plain values; only the default repository ("")."""
     if request.repository_name:
         raise InvalidRequest(
             f'repository_name: this server has one model repository; send "", not '
             f"{request.repository_name!r}"
         )
-    parameters: dict[str, Any] = {}
-    for key, value in request.parameters.items():
-        kind = value.WhichOneof("parameter_choice")
-        parameters[key] = None if kind is None else getattr(value, kind)
-    return parameters
-
-
-def _setting_value(value: Any) -> Any:
-    kind = value.WhichOneof("parameter_choice")
-    return None if kind is None else getattr(value, kind)
+    return parameters_of(request.parameters)
 
 
 class ControlServicer(InferenceServicer):
@@ -76,7 +68,7 @@ class ControlServicer(InferenceServicer):
         settings = self.log_settings
         if settings is None:
             raise InvalidRequest("this server's log settings cannot be changed at run time")
-        given = {key: _setting_value(value) for key, value in request.settings.items()}
+        given = {key: choice_value(value) for key, value in request.settings.items()}
         # gRPC's settings are typed: uint32 for the verbose level, strings for the rest.
         now = settings.update(given) if given else settings.current()
         response = service_pb2.LogSettingsResponse()

@@ -14,35 +14,31 @@ from __future__ import annotations
 
 import grpc
 
-from batching.errors import (
-    BatchingError,
-    ClientGone,
-    DeadlineExceeded,
-    InferenceFailed,
-    InvalidRequest,
-    ModelNotFound,
-    PayloadTooLarge,
-    PermissionDenied,
-    Unavailable,
-    UnprocessableInput,
-)
+from batching.errors import CLIENT_CLOSED, BatchingError
+from batching.errors import STATUS_FOR as HTTP_STATUS_FOR
+from batching.errors import status_of as http_status_of
 
 __all__ = ["CANCELLED", "INTERNAL", "STATUS_FOR", "status_of"]
 
 #: Counted when the caller cancelled the call before its answer: nginx's 499, as on HTTP.
-CANCELLED = 499
+CANCELLED = CLIENT_CLOSED
+
+#: The gRPC status code of each error class of :data:`batching.answers.STATUS_FOR`.
+_CODES: dict[int, grpc.StatusCode] = {
+    CANCELLED: grpc.StatusCode.CANCELLED,
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    500: grpc.StatusCode.INTERNAL,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
 
 #: An error class, the gRPC status code it is answered with, and the HTTP status it is counted as.
 STATUS_FOR: dict[type[BatchingError], tuple[grpc.StatusCode, int]] = {
-    ClientGone: (grpc.StatusCode.CANCELLED, CANCELLED),
-    InvalidRequest: (grpc.StatusCode.INVALID_ARGUMENT, 400),
-    PermissionDenied: (grpc.StatusCode.PERMISSION_DENIED, 403),
-    ModelNotFound: (grpc.StatusCode.NOT_FOUND, 404),
-    PayloadTooLarge: (grpc.StatusCode.INVALID_ARGUMENT, 413),
-    UnprocessableInput: (grpc.StatusCode.INVALID_ARGUMENT, 422),
-    InferenceFailed: (grpc.StatusCode.INTERNAL, 500),
-    Unavailable: (grpc.StatusCode.UNAVAILABLE, 503),
-    DeadlineExceeded: (grpc.StatusCode.DEADLINE_EXCEEDED, 504),
+    cls: (_CODES[status], status) for cls, status in HTTP_STATUS_FOR.items()
 }
 
 #: Anything that is not a :class:`BatchingError`: a bug, answered without its details.
@@ -52,8 +48,5 @@ INTERNAL = (grpc.StatusCode.INTERNAL, 500)
 def status_of(exc: BatchingError) -> tuple[grpc.StatusCode, int]:
     """The gRPC status code of ``exc`` and the HTTP status it counts as: its nearest class in
     :data:`STATUS_FOR`, else ``INTERNAL``."""
-    for cls in type(exc).__mro__:
-        status = STATUS_FOR.get(cls)
-        if status is not None:
-            return status
-    return INTERNAL
+    status = http_status_of(exc)
+    return _CODES[status], status

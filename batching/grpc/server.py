@@ -12,7 +12,6 @@ import asyncio
 import logging
 import socket
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import grpc
 
@@ -82,7 +81,7 @@ class GrpcServer:
         explicit: bool = True,
         on_failure: Callable[[str], None] | None = None,
         tls: CertificateFiles | None = None,
-        interceptors: Sequence[Any] = (),
+        interceptors: Sequence[object] = (),
         servicer: Callable[[DataPlane], InferenceServicer] = InferenceServicer,
     ) -> None:
         self.plane = plane

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from tritonclient.grpc import service_pb2
@@ -36,9 +36,18 @@ from batching.kserve.tensors import (
     InferTensor,
     RequestedOutput,
     array_from_buffer,
+    check_output_parameters,
+    checked_data,
 )
 
-__all__ = ["check_item_count", "encode_infer_response", "parameters_of", "parse_infer_request"]
+__all__ = [
+    "Choice",
+    "check_item_count",
+    "choice_value",
+    "encode_infer_response",
+    "parameters_of",
+    "parse_infer_request",
+]
 
 #: The typed ``contents`` field each datatype's elements go in (Triton's rule).
 CONTENTS_FIELD: dict[str, str] = {
@@ -60,13 +69,22 @@ CONTENTS_FIELD: dict[str, str] = {
 _MAX_RANK = 32
 
 
-def parameters_of(parameters: Mapping[str, Any]) -> dict[str, Any]:
+class Choice(Protocol):
+    """A protobuf message whose value is one of several fields (``InferParameter``, a log
+    setting's value): its ``parameter_choice``."""
+
+    def WhichOneof(self, group: str, /) -> str | None: ...
+
+
+def choice_value(value: Choice) -> object:
+    """The plain value of ``value``'s ``parameter_choice``; None when none is set."""
+    kind = value.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(value, kind)
+
+
+def parameters_of(parameters: Mapping[str, Choice]) -> dict[str, object]:
     """A protobuf ``map<string, InferParameter>`` as a dict of plain values."""
-    values: dict[str, Any] = {}
-    for key, parameter in parameters.items():
-        choice = parameter.WhichOneof("parameter_choice")
-        values[key] = None if choice is None else getattr(parameter, choice)
-    return values
+    return {key: choice_value(parameter) for key, parameter in parameters.items()}
 
 
 def check_item_count(request: Any, cap: int) -> None:
@@ -167,10 +185,7 @@ def _parse_outputs(requested: Any) -> list[RequestedOutput]:
             raise InvalidRequest(f"output {name!r} is requested more than once")
         seen.add(name)
         parameters = parameters_of(output.parameters)
-        if "classification" in parameters:
-            raise InvalidRequest(f"output {name!r}: the classification extension is not supported")
-        if "shared_memory_region" in parameters:
-            raise InvalidRequest(f"output {name!r}: shared memory is not supported")
+        check_output_parameters(name, parameters)
         outputs.append(RequestedOutput(name, None, parameters))
     return outputs
 
@@ -226,7 +241,7 @@ def encode_infer_response(
     model_version: str,
     request_id: str | None,
     outputs: list[InferTensor],
-    parameters: Mapping[str, Any] | None = None,
+    parameters: Mapping[str, object] | None = None,
 ) -> Any:
     """A ``ModelInferResponse`` carrying ``outputs`` in ``raw_output_contents``, and
     ``parameters`` (bool, int or str values) in its parameters.
@@ -238,13 +253,7 @@ def encode_infer_response(
         model_name=model_name, model_version=model_version, id=request_id or ""
     )
     for tensor in outputs:
-        if tensor.datatype not in DATATYPES:
-            raise ValueError(f"output {tensor.name!r} has unknown datatype {tensor.datatype!r}")
-        data = np.asarray(tensor.data, dtype=DATATYPES[tensor.datatype])
-        if data.size != math.prod(tensor.shape):
-            raise ValueError(
-                f"output {tensor.name!r} has {data.size} elements but shape {tensor.shape}"
-            )
+        data = checked_data(tensor)
         entry = response.outputs.add(name=tensor.name, datatype=tensor.datatype)
         entry.shape.extend(int(dim) for dim in tensor.shape)
         response.raw_output_contents.append(_raw_from_array(tensor.datatype, data))

@@ -16,7 +16,7 @@ import itertools
 import logging
 import re
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -29,6 +29,7 @@ from batching.kserve import describe
 from batching.kserve.dispatch import answer_infer
 from batching.kserve.infer import items_of
 from batching.kserve.tensors import InferRequest
+from batching.models.items import Item
 from batching.plane import Caller, DataPlane
 from batching.runtime.deployment import Deployment
 
@@ -226,7 +227,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return self._new_id()
 
 
-def _decoded(deployment: Deployment, request: Any) -> tuple[InferRequest, list[Any]]:
+def _decoded(deployment: Deployment, request: Any) -> tuple[InferRequest, Sequence[Item]]:
     """``request``'s tensors, and the items they carry for ``deployment``."""
     parsed = parse_infer_request(request)
     return parsed, items_of(deployment, parsed)

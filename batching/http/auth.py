@@ -26,6 +26,7 @@ from batching.answers import answer_log
 from batching.codecs.openai import error_document
 from batching.keys import KeyCheck, credential_of
 
+from .canned import send_json
 from .middleware import request_id_of
 
 __all__ = ["OPEN_PATHS", "ApiKeyMiddleware", "MESSAGE", "presented_key"]
@@ -90,15 +91,4 @@ class ApiKeyMiddleware:
             body = error_document(MESSAGE, "invalid_request_error", None, "invalid_api_key")
         else:
             body = orjson.dumps({"error": MESSAGE})
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"www-authenticate", challenge),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_json(send, 401, body, [(b"www-authenticate", challenge)])

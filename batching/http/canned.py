@@ -1,9 +1,14 @@
 """The answers the connection layer writes itself, before or instead of the app
 (:mod:`batching.http.connections`): whole HTTP/1.1 responses, each with a JSON error body, and
-each closing the connection.
+each closing the connection; and the JSON answer a middleware sends itself instead of the
+app's (:func:`send_json`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+
+from starlette.types import Send
 
 __all__ = [
     "BAD_HOST",
@@ -13,7 +18,26 @@ __all__ = [
     "HEADER_TIMEOUT",
     "TOO_MANY_CONNECTIONS",
     "TOO_MANY_HEADERS",
+    "send_json",
 ]
+
+
+async def send_json(
+    send: Send, status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    """Answer ``status`` with the JSON ``body`` (and ``headers``) through ASGI's ``send``."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 def _canned(status: bytes, reason: bytes, extra: bytes = b"") -> bytes:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -52,10 +51,11 @@ logger = logging.getLogger("batching")
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-def is_generation_model(metadata: Mapping[str, Any]) -> bool:
+def is_generation_model(metadata: Mapping[str, object]) -> bool:
     """Whether a model's metadata says it generates text from a prompt (text-generation, or
     an encoder-decoder's summarization, translation, text2text-generation)."""
-    return streams(metadata.get("task"))
+    task = metadata.get("task")
+    return isinstance(task, str) and streams(task)
 
 
 def _error_event(exc: BaseException, request_id: str) -> bytes:

@@ -69,7 +69,7 @@ __all__ = ["HOLD_KEY", "hold_resends", "protocol_class"]
 HOLD_KEY = "batching.hold"
 
 
-def hold_resends(scope: MutableMapping[str, Any], exc: Unavailable) -> None:
+def hold_resends(scope: MutableMapping[str, object], exc: Unavailable) -> None:
     """Ask the connection that carried ``scope`` to hold the same request, sent again before
     ``exc.hold`` seconds have passed, until then."""
     if exc.hold is not None and exc.hold > 0:

@@ -14,16 +14,12 @@ from starlette.responses import Response
 
 from batching.answers import answer_log, internal_message
 from batching.errors import (
+    CLIENT_CLOSED,
+    STATUS_FOR,
     BatchingError,
     ClientGone,
-    DeadlineExceeded,
-    InferenceFailed,
-    InvalidRequest,
-    ModelNotFound,
-    PayloadTooLarge,
-    PermissionDenied,
     Unavailable,
-    UnprocessableInput,
+    status_of,
 )
 from batching.plane import Caller, DataPlane
 from batching.runtime.deployment import Deployment
@@ -43,30 +39,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("batching")
-
-#: Counted (and answered, to nobody) when the client hung up before its answer: nginx's code.
-CLIENT_CLOSED = 499
-
-STATUS_FOR: dict[type[BatchingError], int] = {
-    ClientGone: CLIENT_CLOSED,
-    InvalidRequest: 400,
-    PermissionDenied: 403,
-    ModelNotFound: 404,
-    PayloadTooLarge: 413,
-    UnprocessableInput: 422,
-    InferenceFailed: 500,
-    Unavailable: 503,
-    DeadlineExceeded: 504,
-}
-
-
-def status_of(exc: BatchingError) -> int:
-    """The status code of ``exc``: its nearest class in :data:`STATUS_FOR`, else 500."""
-    for cls in type(exc).__mro__:
-        status = STATUS_FOR.get(cls)
-        if status is not None:
-            return status
-    return 500
 
 
 def error_response(message: str, status: int, headers: Mapping[str, str] | None = None) -> Response:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .canned import send_json
+
 __all__ = ["METRICS_LISTENER_PATHS", "METRICS_PATH", "ListenerRoutes"]
 
 METRICS_PATH = "/metrics"
@@ -43,15 +45,4 @@ class ListenerRoutes:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
-        body = orjson.dumps({"error": "Not Found"})
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 404,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_json(send, 404, orjson.dumps({"error": "Not Found"}))

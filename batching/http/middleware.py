@@ -21,6 +21,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from batching.answers import internal_message
 
+from .canned import send_json
+
 __all__ = ["RequestIdMiddleware", "request_id_of"]
 
 logger = logging.getLogger("batching")
@@ -75,15 +77,4 @@ class RequestIdMiddleware:
             logger.error("request %s failed with an internal error", request_id, exc_info=exc)
             if started:
                 raise  # an answer is half sent: only closing the connection can end it
-        body = orjson.dumps({"error": internal_message(request_id)})
-        await send_with_id(
-            {
-                "type": "http.response.start",
-                "status": 500,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send_with_id({"type": "http.response.body", "body": body})
+        await send_json(send_with_id, 500, orjson.dumps({"error": internal_message(request_id)}))

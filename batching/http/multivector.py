@@ -14,7 +14,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from batching.codecs.capability import TOKENS
-from batching.codecs.multivector import encode_embed_all, parse_embed_all_request, token_plan
+from batching.codecs.multivector import encode_embed_all, parse_embed_all_request
+from batching.codecs.plans import per_token_plan
 from batching.plane import DataPlane
 
 from .errors import recorded
@@ -31,13 +32,7 @@ def multivector_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
         deployment = model_for(plane, parsed.model)
         with recorded(plane, deployment, request) as caller:
             require(plane, deployment, TOKENS, "/embed_all")
-            plan = token_plan(
-                parsed.texts,
-                parsed.options,
-                deployment.metadata,
-                model=deployment.name,
-                truncate_default=deployment.config.truncate,
-            )
+            plan = per_token_plan(deployment, parsed.texts, parsed.options)
             answer = await plane.per_token(deployment, plan, caller)
             body = encode_embed_all(deployment.name, answer)
             return Response(body, media_type="application/json")

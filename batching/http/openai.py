@@ -19,17 +19,17 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from batching.answers import answer_log, internal_message
-from batching.codecs.embed_options import EmbedOptions, plan_embedding
+from batching.codecs.embed_options import EmbedOptions
 from batching.codecs.openai import (
     MAX_INPUT_TOKENS,
     check_token_limits,
+    code_of,
     encode_embeddings,
     encode_model,
     encode_models,
@@ -37,19 +37,16 @@ from batching.codecs.openai import (
     is_embedding_model,
     parse_embeddings_request,
 )
+from batching.codecs.plans import pooled_plan
 from batching.codecs.served import served
 from batching.errors import (
     BatchingError,
     ClientGone,
     DeadlineExceeded,
     InferenceFailed,
-    InvalidRequest,
     ModelNotFound,
     NotReady,
-    Overloaded,
-    PayloadTooLarge,
     Unavailable,
-    UnprocessableInput,
 )
 from batching.plane import DataPlane, TokenLimits
 from batching.runtime.deployment import Deployment
@@ -71,33 +68,9 @@ OPENAI_LIMITS = TokenLimits(MAX_INPUT_TOKENS + 1, check_token_limits)
 #: Every method a route of these doors takes, to answer the wrong ones itself.
 ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
-#: OpenAI's ``code`` of each error the tree raises, where the error does not carry its own.
-CODES: dict[type[BatchingError], str] = {
-    ModelNotFound: "model_not_found",
-    PayloadTooLarge: "request_too_large",
-    UnprocessableInput: "unprocessable_input",
-    InvalidRequest: "invalid_request",
-    Overloaded: "overloaded",
-    NotReady: "not_ready",
-    Unavailable: "unavailable",
-    DeadlineExceeded: "timeout",
-    InferenceFailed: "inference_failed",
-}
-
 
 def _json(body: bytes, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
     return Response(body, status_code=status, media_type="application/json", headers=headers)
-
-
-def _code_of(exc: BatchingError) -> str | None:
-    own = getattr(exc, "code", None)
-    if isinstance(own, str):
-        return own
-    for cls in type(exc).__mro__:
-        code = CODES.get(cls)
-        if code is not None:
-            return code
-    return None
 
 
 def openai_error(exc: BatchingError, request: Request) -> Response:
@@ -124,7 +97,7 @@ def openai_error(exc: BatchingError, request: Request) -> Response:
     error_type = "invalid_request_error" if status < 500 else "server_error"
     return _json(
         error_document(
-            message, error_type, param if isinstance(param, str) else None, _code_of(exc)
+            message, error_type, param if isinstance(param, str) else None, code_of(exc)
         ),
         status,
         headers,
@@ -166,7 +139,7 @@ def openai_endpoint(handler: Endpoint, method: str) -> Endpoint:
 
 
 def served_model(
-    plane: DataPlane, name: str, fits: Callable[[Mapping[str, Any]], bool], kind: str
+    plane: DataPlane, name: str, fits: Callable[[Mapping[str, object]], bool], kind: str
 ) -> Deployment:
     """The deployment serving ``name``, if it is a ``kind`` model (``fits`` its metadata).
     A model still loading has no metadata yet: it is taken as it is, and its request will
@@ -200,12 +173,11 @@ def openai_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
                 encoding=parsed.options.encoding, base64=parsed.options.base64
             ):
                 raise NotReady(f"model {parsed.model!r} is loading", retry_after=1.0)
-            plan = plan_embedding(
+            plan = pooled_plan(
+                deployment,
                 parsed.texts,
                 parsed.options,
-                deployment.metadata,
                 model=parsed.model,
-                truncate_default=deployment.config.truncate,
                 encoding_name="encoding_format",
             )
             answer = await plane.embed(deployment, plan, caller, OPENAI_LIMITS)
@@ -218,7 +190,7 @@ def openai_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
             )
             return _json(result)
 
-    def described(deployment: Deployment) -> dict[str, Any]:
+    def described(deployment: Deployment) -> dict[str, object]:
         return served(deployment.name, deployment.metadata, deployment.config.task)
 
     async def models(request: Request) -> Response:

@@ -2,30 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from batching.codecs.embed_options import (
-    embedding_info,
     encode_vector,
-    plan_embedding,
     read_options,
 )
 from batching.codecs.inputs import input_specs
-from batching.codecs.openai import is_embedding_model
 from batching.codecs.plain import (
     check_inputs,
+    check_texts,
     encode_embeddings,
     encode_outputs,
     media_request,
     parse_request,
 )
+from batching.codecs.plans import embeds, pooled_plan
 from batching.codecs.sparse import options_request, refused_length, serves_sparse, sparse_items
 from batching.codecs.task_parameters import declares_parameters, task_items
-from batching.errors import InvalidRequest, NotReady
 from batching.plane import DataPlane
 from batching.runtime.deployment import Deployment
 
@@ -35,20 +31,16 @@ from .requests import read_body
 __all__ = ["plain_routes"]
 
 
-def _embeds(deployment: Deployment, options: dict[str, Any]) -> bool:
-    """Whether the request goes the embedding way: the model declares embedding options, or
-    the request sets some (then the model must be an embedding model)."""
-    metadata = deployment.metadata
-    if not options:
-        return embedding_info(metadata) is not None and is_embedding_model(metadata)
-    if not metadata:
-        raise NotReady(f"model {deployment.name!r} is loading", retry_after=1.0)
-    if not is_embedding_model(metadata):
-        raise InvalidRequest(
+def _embeds(deployment: Deployment, options: dict[str, object]) -> bool:
+    """Whether the request goes the embedding way (:func:`~batching.codecs.plans.embeds`)."""
+    return embeds(
+        deployment,
+        options,
+        lambda: (
             f"model {deployment.name!r} is not an embedding model: it takes no options "
             f"({', '.join(repr(key) for key in options)}); send only inputs"
-        )
-    return True
+        ),
+    )
 
 
 def plain_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
@@ -66,20 +58,15 @@ def plain_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
             limit = None
             if parsed.options and serves_sparse(deployment.metadata):
                 # A sparse model's options: its items, and the 413 of truncate: false.
-                asked = options_request(inputs, parsed.options, where="the request")
+                asked = options_request(check_texts(inputs), parsed.options, where="the request")
                 inputs = sparse_items(asked, deployment.metadata)
                 limit = refused_length(deployment, parsed.options.get("truncate"))
             elif declares_parameters(deployment):
                 # A task's parameters (every key beside inputs, or in "parameters").
                 inputs = task_items(deployment, inputs, parsed.options, where="the request")
             elif _embeds(deployment, parsed.options):
-                plan = plan_embedding(
-                    inputs,
-                    read_options(parsed.options, where="the request"),
-                    deployment.metadata,
-                    model=deployment.name,
-                    truncate_default=deployment.config.truncate,
-                )
+                options = read_options(parsed.options, where="the request")
+                plan = pooled_plan(deployment, check_texts(inputs), options)
                 answer = await plane.embed(deployment, plan, caller)
                 as_base64 = plan.options.base64
                 body = encode_embeddings(

@@ -11,14 +11,13 @@ with code ``model_not_found``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from batching.codecs.inputs import takes_pairs
 from batching.codecs.rerank import encode_rerank, pair_items, parse_rerank_request, relevance_of
+from batching.documents import listed
 from batching.plane import DataPlane
 
 from .errors import recorded
@@ -36,9 +35,9 @@ def rerank_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
         parsed = parse_rerank_request(body)
         deployment = served_model(plane, parsed.model, takes_pairs, "a text-pair (rerank)")
         with recorded(plane, deployment, request) as caller:
-            items: list[Any] = pair_items(parsed)
+            items = pair_items(parsed)
             done = await plane.infer(deployment, items, caller, count=True)
-            labels = [str(label) for label in deployment.metadata.get("labels") or []]
+            labels = [str(label) for label in listed(deployment.metadata.get("labels"))]
             scores = [relevance_of(output, labels, parsed.model) for output in done.outputs]
             answer = encode_rerank(parsed, parsed.model, scores, done.tokens or 0)
             return Response(answer, media_type="application/json")

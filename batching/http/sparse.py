@@ -10,8 +10,6 @@ return sparse vectors is a 400 naming the ones that do; an unknown model is a 40
 
 from __future__ import annotations
 
-from typing import Any
-
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -81,7 +79,7 @@ def sparse_routes(plane: DataPlane, max_body_bytes: int) -> list[Route]:
             if not metadata:
                 # Its prompts and limits are known once it has loaded.
                 raise NotReady(f"model {deployment.name!r} is loading", retry_after=1.0)
-            items: list[Any] = sparse_items(parsed, metadata)
+            items = sparse_items(parsed, metadata)
             limit = refused_length(deployment, parsed.truncate, metadata)
             done = await plane.infer(deployment, items, caller, count=True, max_length=limit)
             answer = encode_sparse(done.outputs, parsed.return_tokens)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
 
 import orjson
 
@@ -22,7 +21,7 @@ from batching.config import ModelConfig
 from batching.control import model_states
 from batching.metrics import Duration, ModelEvents, ModelStatistics
 from batching.models.parameters import PARAMETERS_KEY
-from batching.models.protocol import MAX_SEQ_LENGTH_KEY
+from batching.models.protocol import MAX_SEQ_LENGTH_KEY, tensors_of
 from batching.plane import Deployments
 from batching.runtime.deployment import Deployment
 
@@ -64,22 +63,22 @@ def server_version() -> str:
         return "0+unknown"
 
 
-def server_metadata() -> dict[str, Any]:
+def server_metadata() -> dict[str, object]:
     """``GET /v2``: the server's name, version and extensions."""
     return {"name": "batching", "version": server_version(), "extensions": EXTENSIONS}
 
 
 def output_names(deployment: Deployment) -> list[str]:
-    outputs = deployment.metadata.get("outputs") or []
+    outputs = tensors_of(deployment.metadata, "outputs")
     return [str(output["name"]) for output in outputs] or ["output"]
 
 
 def input_names(deployment: Deployment) -> list[str]:
-    inputs = deployment.metadata.get("inputs") or []
+    inputs = tensors_of(deployment.metadata, "inputs")
     return [str(tensor["name"]) for tensor in inputs]
 
 
-def item_dims(shape: Any) -> list[int]:
+def item_dims(shape: object) -> list[int]:
     """The per-item dims of a shape as a model describes it: without a leading ``-1`` (the
     batch dimension, which the models' metadata usually includes), and ``[1]`` for one value
     per item, as Triton spells a batched scalar."""
@@ -99,7 +98,7 @@ def _tensors(deployment: Deployment, kind: str) -> list[tuple[str, str, list[int
     """The model's inputs or outputs: name, v2 datatype and per-item dims."""
     return [
         (str(tensor["name"]), str(tensor["datatype"]), item_dims(tensor.get("shape")))
-        for tensor in deployment.metadata.get(kind) or []
+        for tensor in tensors_of(deployment.metadata, kind)
     ]
 
 
@@ -109,16 +108,16 @@ def _platform(deployment: Deployment) -> str:
     return str(deployment.metadata.get("platform") or deployment.platform)
 
 
-def model_metadata(deployment: Deployment) -> dict[str, Any]:
+def model_metadata(deployment: Deployment) -> dict[str, object]:
     """``GET /v2/models/{name}``: inputs and outputs with datatype and batched shape."""
 
-    def tensors(kind: str) -> list[dict[str, Any]]:
+    def tensors(kind: str) -> list[dict[str, object]]:
         return [
             {"name": name, "datatype": datatype, "shape": [-1, *dims]}
             for name, datatype, dims in _tensors(deployment, kind)
         ]
 
-    described: dict[str, Any] = {
+    described: dict[str, object] = {
         "name": deployment.name,
         "versions": [deployment.config.version],
         "platform": _platform(deployment),
@@ -192,7 +191,7 @@ def _parameters(values: dict[str, object]) -> dict[str, dict[str, str]]:
     return {key: {"string_value": str(value)} for key, value in values.items() if value is not None}
 
 
-def _instance_groups(config: ModelConfig) -> list[dict[str, Any]]:
+def _instance_groups(config: ModelConfig) -> list[dict[str, object]]:
     """One Triton instance group per distinct device: ``count`` instances on it."""
     counts: dict[str, int] = {}
     for device in config.devices:
@@ -201,7 +200,7 @@ def _instance_groups(config: ModelConfig) -> list[dict[str, Any]]:
     for index, (device, count) in enumerate(counts.items()):
         kind, _, number = device.partition(":")
         if kind == "cpu":
-            placement: dict[str, Any] = {"kind": "KIND_CPU", "gpus": []}
+            placement: dict[str, object] = {"kind": "KIND_CPU", "gpus": []}
         elif kind == "cuda":
             placement = {"kind": "KIND_GPU", "gpus": [int(number) if number.isdigit() else 0]}
         else:  # another torch device (mps, xpu, ...): Triton has no kind for it
@@ -210,14 +209,14 @@ def _instance_groups(config: ModelConfig) -> list[dict[str, Any]]:
     return groups
 
 
-def _version_policy(version: str) -> dict[str, Any]:
+def _version_policy(version: str) -> dict[str, object]:
     """Triton's versions are int64: ours is named when it is one, else "the latest one"."""
     if version.isascii() and version.isdigit() and int(version) < 2**63:
         return {"specific": {"versions": [int(version)]}}
     return {"latest": {"num_versions": 1}}
 
 
-def model_config(deployment: Deployment) -> dict[str, Any]:
+def model_config(deployment: Deployment) -> dict[str, object]:
     """``GET /v2/models/{name}/config``: the serving configuration as Triton's ``ModelConfig``
     (its protobuf's JSON form: every key is a field of that message, with the field's type).
     What Triton has no field for (the batching policy, the token cap, ...) is in
@@ -225,14 +224,14 @@ def model_config(deployment: Deployment) -> dict[str, Any]:
     config = deployment.config
     batching = config.batching
 
-    def tensors(kind: str) -> list[dict[str, Any]]:
+    def tensors(kind: str) -> list[dict[str, object]]:
         return [
             {"name": name, "data_type": triton_data_type(datatype), "dims": dims}
             for name, datatype, dims in _tensors(deployment, kind)
         ]
 
     inputs = tensors("inputs")
-    for entry, described in zip(inputs, deployment.metadata.get("inputs") or [], strict=True):
+    for entry, described in zip(inputs, tensors_of(deployment.metadata, "inputs"), strict=True):
         if described.get("optional"):
             entry["optional"] = True  # a field of Triton's ModelInput (not of ModelOutput)
 
@@ -292,7 +291,7 @@ def _leaf(duration: Duration) -> dict[str, int]:
     return {"count": duration.count, "ns": duration.ns}
 
 
-def model_statistics(deployment: Deployment) -> dict[str, Any]:
+def model_statistics(deployment: Deployment) -> dict[str, object]:
     """One model's statistics since the server started, as Triton's ``ModelStatistics``
     (the statistics extension): per request ``success`` and ``fail`` (count and whole
     duration in the batcher), ``queue`` and ``compute_infer`` of the successful ones (a
@@ -330,13 +329,13 @@ def model_statistics(deployment: Deployment) -> dict[str, Any]:
     }
 
 
-def statistics(deployments: Iterable[Deployment]) -> dict[str, Any]:
+def statistics(deployments: Iterable[Deployment]) -> dict[str, object]:
     """``GET /v2/models[/{name}]/stats``: ``{"model_stats": [...]}`` of ``deployments``, one
     :func:`model_statistics` each (Triton's ``ModelStatisticsResponse``)."""
     return {"model_stats": [model_statistics(deployment) for deployment in deployments]}
 
 
-def repository_index(deployments: Deployments) -> list[dict[str, Any]]:
+def repository_index(deployments: Deployments) -> list[dict[str, object]]:
     """``POST /v2/repository/index``: every model and version, its state, and why it is not
     ready (:func:`batching.control.model_states`)."""
     return model_states(deployments)

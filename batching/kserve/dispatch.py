@@ -11,10 +11,11 @@ parameters, which each door encodes in its own form.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from batching.codecs.sparse import refused_length
+from batching.models.items import Item
 from batching.plane import Caller, DataPlane
 from batching.runtime.deployment import Deployment
 
@@ -39,14 +40,14 @@ class InferAnswer:
     """The response of an infer request: its tensors and its parameters."""
 
     tensors: list[InferTensor]
-    parameters: dict[str, Any] = field(default_factory=dict)
+    parameters: dict[str, object] = field(default_factory=dict)
 
 
 async def answer_infer(
     plane: DataPlane,
     deployment: Deployment,
     request: InferRequest,
-    items: list[Any],
+    items: Sequence[Item],
     caller: Caller,
 ) -> InferAnswer:
     """Run ``request``'s ``items`` for ``deployment``; the request's ``timeout`` parameter

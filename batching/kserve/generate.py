@@ -18,10 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-import orjson
-
+from batching.codecs.completions import body_object
 from batching.errors import InvalidRequest
 from batching.models.generation.token_logprobs import TokenLogprob
 
@@ -37,7 +35,7 @@ TEXT_INPUT = "text_input"
 @dataclass(frozen=True, slots=True)
 class GenerateRequest:
     text: str
-    parameters: dict[str, Any]
+    parameters: dict[str, object]
 
 
 def parse_generate(body: bytes, declared: set[str]) -> GenerateRequest:
@@ -45,12 +43,7 @@ def parse_generate(body: bytes, declared: set[str]) -> GenerateRequest:
 
     :raises InvalidRequest: not a JSON object, no text, or an unknown key.
     """
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise InvalidRequest("the body is not valid JSON") from None
-    if not isinstance(parsed, dict):
-        raise InvalidRequest("the body must be a JSON object")
+    parsed = body_object(body)
     text = parsed.pop(TEXT_INPUT, None)
     if isinstance(text, list) and len(text) == 1:
         text = text[0]
@@ -59,7 +52,7 @@ def parse_generate(body: bytes, declared: set[str]) -> GenerateRequest:
     parameters = parsed.pop("parameters", None) or {}
     if not isinstance(parameters, dict):
         raise InvalidRequest("parameters must be an object")
-    given: dict[str, Any] = {}
+    given: dict[str, object] = {}
     for source in (parsed, parameters):
         for key, value in source.items():
             name = "max_new_tokens" if key == "max_tokens" else key
@@ -78,16 +71,16 @@ def parse_generate(body: bytes, declared: set[str]) -> GenerateRequest:
 
 def answer(
     model: str, version: str, text: str, logprobs: Sequence[TokenLogprob] | None = None
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The answer (or one streamed event) carrying ``text``, and with the ``logprobs``
     parameter its tokens' log-probabilities (:func:`logprob_entries`)."""
-    made: dict[str, Any] = {"model_name": model, "model_version": version, "text_output": text}
+    made: dict[str, object] = {"model_name": model, "model_version": version, "text_output": text}
     if logprobs is not None:
         made[LOGPROBS_OUTPUT] = logprob_entries(logprobs)
     return made
 
 
-def logprob_entries(entries: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+def logprob_entries(entries: Sequence[TokenLogprob]) -> list[dict[str, object]]:
     """Tokens' log-probabilities as the generate extension and the gRPC stream send them
     (the ``logprobs`` output): ``[{"token", "logprob", "top_logprobs": [{"token",
     "logprob"}]}]``, one per token, in order."""

@@ -13,24 +13,24 @@ response's parameters say which texts were cut and the tokens used
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from batching.codecs.embed_options import (
     EmbedPlan,
-    embedding_info,
     encode_vector,
-    plan_embedding,
     read_options,
 )
 from batching.codecs.embedding import EmbedAnswer
 from batching.codecs.inputs import InputSpec, check_exclusive, input_specs, required_names
-from batching.codecs.multivector import TokenAnswer, token_options, token_plan
-from batching.codecs.openai import is_embedding_model
+from batching.codecs.multivector import TokenAnswer, token_options
 from batching.codecs.plain import check_texts
+from batching.codecs.plans import embeds, per_token_plan, pooled_plan
 from batching.codecs.sparse import OPTIONS as SPARSE_OPTIONS
 from batching.codecs.sparse import serves_sparse
 from batching.codecs.task_parameters import declares_parameters, list_values, task_items
-from batching.errors import InvalidRequest, NotReady, UnprocessableInput
+from batching.errors import InvalidRequest, UnprocessableInput
+from batching.models.items import Item
 from batching.runtime.deployment import Deployment
 
 from .describe import input_names, output_names
@@ -71,7 +71,7 @@ TRITON_PARAMETERS = frozenset(
 )
 
 
-def timeout_parameter(parameters: dict[str, Any]) -> float | None:
+def timeout_parameter(parameters: dict[str, object]) -> float | None:
     """Triton's schedule-policy ``timeout`` parameter (microseconds), in seconds.
 
     :raises InvalidRequest: when it is not a positive number.
@@ -84,7 +84,7 @@ def timeout_parameter(parameters: dict[str, Any]) -> float | None:
     return float(timeout_us) / 1e6
 
 
-def items_of(deployment: Deployment, request: InferRequest) -> list[Any]:
+def items_of(deployment: Deployment, request: InferRequest) -> Sequence[Item]:
     """The items ``request`` carries for ``deployment``, checked against its metadata.
 
     A model with one input takes one tensor, whose rows are the items. A model that declares
@@ -96,7 +96,7 @@ def items_of(deployment: Deployment, request: InferRequest) -> list[Any]:
     :raises UnprocessableInput: a text input sent as something other than BYTES.
     """
     specs = input_specs(deployment.metadata)
-    items: list[Any]
+    items: Sequence[Item]
     if len(specs) > 1:
         items = _named_items(deployment, request, specs)
     elif specs and specs[0].content is not None:
@@ -137,7 +137,7 @@ def _single_tensor(deployment: Deployment, request: InferRequest) -> InferTensor
     return tensor
 
 
-def _single_items(deployment: Deployment, request: InferRequest) -> list[Any]:
+def _single_items(deployment: Deployment, request: InferRequest) -> Sequence[Item]:
     tensor = _single_tensor(deployment, request)
     items = rows_from_tensor(tensor)
     if not items:
@@ -153,10 +153,10 @@ def _single_items(deployment: Deployment, request: InferRequest) -> list[Any]:
 
 def _named_items(
     deployment: Deployment, request: InferRequest, specs: list[InputSpec]
-) -> list[dict[str, Any]]:
+) -> list[dict[str, Item]]:
     by_name = {spec.name: spec for spec in specs}
     takes = ", ".join(repr(spec.name) for spec in specs)
-    columns: dict[str, list[Any]] = {}
+    columns: dict[str, list[Item]] = {}
     for tensor in request.inputs:
         spec = by_name.get(tensor.name)
         if spec is None:
@@ -208,8 +208,8 @@ def _named_items(
 
 
 def task_items_of(
-    deployment: Deployment, request: InferRequest, items: list[Any]
-) -> list[Any] | None:
+    deployment: Deployment, request: InferRequest, items: Sequence[Item]
+) -> Sequence[Item] | None:
     """``items`` with the task parameters ``request`` sets (its parameters but Triton's),
     checked (:mod:`batching.codecs.task_parameters`), when ``deployment`` serves a task that
     declares parameters; None otherwise (the request goes the embedding or plain way). A list
@@ -264,7 +264,7 @@ OUTPUT_OPTIONS = frozenset({"encoding", "dimensions"})
 
 
 def embedding_plan(
-    deployment: Deployment, request: InferRequest, items: list[Any]
+    deployment: Deployment, request: InferRequest, items: Sequence[Item]
 ) -> EmbedPlan | None:
     """The embedding plan of ``request``'s parameters (and of its requested output's
     ``encoding`` and ``dimensions``), or None when the request goes the plain way (a model
@@ -284,27 +284,21 @@ def embedding_plan(
                 f"{', '.join(SPARSE_OPTIONS)} and Triton's: {', '.join(sorted(TRITON_PARAMETERS))}"
             )
         return None
-    if not options:
-        if embedding_info(metadata) is None or not is_embedding_model(metadata):
-            return None
-    elif not metadata:
-        raise NotReady(f"model {deployment.name!r} is loading", retry_after=1.0)
-    elif not is_embedding_model(metadata):
-        raise InvalidRequest(
+
+    def refusal() -> str:
+        return (
             f"model {deployment.name!r} takes no parameter "
             f"{', '.join(repr(key) for key in options)}; the parameters it takes are "
             f"Triton's: {', '.join(sorted(TRITON_PARAMETERS))}"
         )
-    return plan_embedding(
-        items,
-        read_options(options, where="the request's parameters"),
-        metadata,
-        model=deployment.name,
-        truncate_default=deployment.config.truncate,
-    )
+
+    if not embeds(deployment, options, refusal):
+        return None
+    read = read_options(options, where="the request's parameters")
+    return pooled_plan(deployment, check_texts(items), read)
 
 
-def _request_options(request: InferRequest) -> dict[str, Any]:
+def _request_options(request: InferRequest) -> dict[str, object]:
     """The embedding options ``request`` sets: its parameters but Triton's own, and its
     requested outputs' ``encoding`` and ``dimensions``.
 
@@ -344,11 +338,11 @@ def embedding_tensors(
     return [tensor_from_rows(name, answer.vectors)]
 
 
-def embedding_parameters(answer: EmbedAnswer) -> dict[str, Any]:
+def embedding_parameters(answer: EmbedAnswer) -> dict[str, object]:
     """The response parameters of an embedding answer: ``truncated`` (whether the model cut
     any text), ``truncated_inputs`` (which, as comma-separated indices; "" when none) and
     ``prompt_tokens`` (tokens used, prompts included), where known."""
-    parameters: dict[str, Any] = {}
+    parameters: dict[str, object] = {}
     if answer.truncated is not None:
         parameters["truncated"] = any(answer.truncated)
         parameters["truncated_inputs"] = ",".join(
@@ -360,7 +354,7 @@ def embedding_parameters(answer: EmbedAnswer) -> dict[str, Any]:
 
 
 def token_plan_of(
-    deployment: Deployment, request: InferRequest, texts: list[Any]
+    deployment: Deployment, request: InferRequest, texts: Sequence[Item]
 ) -> EmbedPlan | None:
     """The per-token plan of ``request`` when it asks for the per-token outputs (see
     :mod:`batching.kserve.multivector`), its parameters read as embedding options; None
@@ -372,13 +366,8 @@ def token_plan_of(
     if not asks_tokens(deployment, request):
         return None
     options = _request_options(request)
-    return token_plan(
-        texts,
-        token_options(options, where="the request's parameters"),
-        deployment.metadata,
-        model=deployment.name,
-        truncate_default=deployment.config.truncate,
-    )
+    read = token_options(options, where="the request's parameters")
+    return per_token_plan(deployment, check_texts(texts), read)
 
 
 def token_answer_tensors(request: InferRequest, answer: TokenAnswer) -> list[InferTensor]:
@@ -386,7 +375,7 @@ def token_answer_tensors(request: InferRequest, answer: TokenAnswer) -> list[Inf
     return token_tensors(answer.outputs, [output.name for output in request.outputs])
 
 
-def token_answer_parameters(answer: TokenAnswer) -> dict[str, Any]:
+def token_answer_parameters(answer: TokenAnswer) -> dict[str, object]:
     """The response parameters of a per-token answer, as :func:`embedding_parameters` gives
     them for pooled ones (which texts were cut, the tokens used)."""
     return embedding_parameters(EmbedAnswer([], answer.truncated, answer.tokens))

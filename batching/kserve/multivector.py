@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -56,7 +55,7 @@ def token_output_names(deployment: Deployment) -> list[str]:
     return list(TOKEN_OUTPUTS) if capable(deployment.metadata, TOKENS) else []
 
 
-def token_output_metadata(deployment: Deployment) -> list[dict[str, Any]]:
+def token_output_metadata(deployment: Deployment) -> list[dict[str, object]]:
     """The per-token outputs as the v2 model metadata lists them."""
     if not token_output_names(deployment):
         return []
@@ -86,7 +85,7 @@ def token_output_metadata(deployment: Deployment) -> list[dict[str, Any]]:
     ]
 
 
-def token_output_config(deployment: Deployment) -> list[dict[str, Any]]:
+def token_output_config(deployment: Deployment) -> list[dict[str, object]]:
     """The per-token outputs as Triton's ``ModelOutput`` entries: a vector per row, and one
     value per row reshaped to a flat ``[-1]``, as Triton spells a 1-D batched output."""
     if not token_output_names(deployment):

@@ -9,16 +9,16 @@ is any other parameter. A model's files come from the repository only.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import orjson
 
+from batching.documents import JSONObject, parse_object
 from batching.errors import InvalidRequest
 
 __all__ = ["load_overrides", "check_unload_parameters", "parameters_of"]
 
 
-def parameters_of(body: bytes) -> dict[str, Any]:
+def parameters_of(body: bytes) -> JSONObject:
     """The ``parameters`` object of a load or unload call's JSON body (an empty body has
     none).
 
@@ -26,12 +26,11 @@ def parameters_of(body: bytes) -> dict[str, Any]:
     """
     if not body.strip():
         return {}
-    try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise InvalidRequest("the request body is not valid JSON") from None
-    if not isinstance(document, dict):
-        raise InvalidRequest("the request body must be a JSON object")
+    document = parse_object(
+        body,
+        lambda _: InvalidRequest("the request body is not valid JSON"),
+        lambda _: InvalidRequest("the request body must be a JSON object"),
+    )
     unknown = sorted(key for key in document if key != "parameters")
     if unknown:
         raise InvalidRequest(f"{unknown[0]}: not a field of this call (only parameters)")
@@ -41,13 +40,13 @@ def parameters_of(body: bytes) -> dict[str, Any]:
     return parameters
 
 
-def load_overrides(parameters: Mapping[str, Any]) -> dict[str, Any] | None:
+def load_overrides(parameters: Mapping[str, object]) -> dict[str, object] | None:
     """The configuration a load call's ``config`` parameter overrides (a JSON object, or a
     string holding one as Triton's clients send it); None without one.
 
     :raises InvalidRequest: a model file, another parameter, or a config that is no object.
     """
-    config: dict[str, Any] | None = None
+    config: dict[str, object] | None = None
     for key, value in parameters.items():
         if key.startswith("file:"):
             raise InvalidRequest(
@@ -67,7 +66,7 @@ def load_overrides(parameters: Mapping[str, Any]) -> dict[str, Any] | None:
     return config
 
 
-def check_unload_parameters(parameters: Mapping[str, Any]) -> None:
+def check_unload_parameters(parameters: Mapping[str, object]) -> None:
     """An unload takes ``unload_dependents`` (a model here has none, so true and false are
     the same); nothing else.
 

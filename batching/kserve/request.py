@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import orjson
 
+from batching.documents import parse_object
 from batching.errors import InvalidRequest
 from batching.kserve.tensors import (
     DATATYPES,
@@ -16,6 +17,7 @@ from batching.kserve.tensors import (
     InferTensor,
     RequestedOutput,
     array_from_buffer,
+    check_output_parameters,
 )
 
 __all__ = ["parse_infer_request"]
@@ -57,12 +59,13 @@ def parse_infer_request(body: bytes, header_length: int | None) -> InferRequest:
                 f"{len(view)}"
             )
         header_bytes, binary = view[:header_length], view[header_length:]
-    try:
-        header = orjson.loads(header_bytes)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"request header is not valid JSON: {exc}") from None
-    if not isinstance(header, dict):
-        raise InvalidRequest(f"request header must be a JSON object, got {_json_type(header)}")
+    header = parse_object(
+        header_bytes,
+        lambda exc: InvalidRequest(f"request header is not valid JSON: {exc}"),
+        lambda other: InvalidRequest(
+            f"request header must be a JSON object, got {_json_type(other)}"
+        ),
+    )
 
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
@@ -177,7 +180,7 @@ def _parse_shape(where: str, shape: Any, itemsize: int) -> list[int]:
     return shape
 
 
-def _parameters(container: dict[str, Any], where: str) -> dict[str, Any]:
+def _parameters(container: Mapping[str, object], where: str) -> dict[str, object]:
     parameters = container.get("parameters", {})
     if parameters is None:
         return {}
@@ -210,10 +213,7 @@ def _parse_outputs(raw_outputs: Any) -> list[RequestedOutput]:
             raise InvalidRequest(
                 f"output {name!r}: 'binary_data' must be a boolean, got {_json_type(binary_data)}"
             )
-        if "classification" in parameters:
-            raise InvalidRequest(f"output {name!r}: the classification extension is not supported")
-        if "shared_memory_region" in parameters:
-            raise InvalidRequest(f"output {name!r}: shared memory is not supported")
+        check_output_parameters(name, parameters)
         outputs.append(RequestedOutput(name, binary_data, parameters))
     return outputs
 
@@ -254,7 +254,8 @@ def _array_from_json(where: str, datatype: str, data: Any, count: int) -> np.nda
         return array
     if dtype.kind in "iu" and flat:
         info = np.iinfo(dtype)
-        low, high = min(flat), max(flat)
+        ints = [value for value in flat if isinstance(value, int)]
+        low, high = min(ints), max(ints)
         if low < info.min or high > info.max:
             raise InvalidRequest(
                 f"{where}: values must lie in [{info.min}, {info.max}] for {datatype}, "
@@ -270,10 +271,10 @@ def _array_from_json(where: str, datatype: str, data: Any, count: int) -> np.nda
     return np.array(flat, dtype=dtype)
 
 
-def _flatten(data: list[Any]) -> list[Any]:
+def _flatten(data: list[object]) -> list[object]:
     if list not in set(map(type, data)):
         return data
-    flat: list[Any] = []
+    flat: list[object] = []
     # An explicit stack, since nesting depth is the client's to choose.
     stack = [iter(data)]
     while stack:
@@ -287,5 +288,5 @@ def _flatten(data: list[Any]) -> list[Any]:
     return flat
 
 
-def _json_type(value: Any) -> str:
+def _json_type(value: object) -> str:
     return _JSON_TYPE_NAMES.get(type(value), type(value).__name__)

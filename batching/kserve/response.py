@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 import orjson
 
 from batching.errors import InvalidRequest
-from batching.kserve.tensors import DATATYPES, LENGTH_PREFIX, InferTensor
+from batching.kserve.tensors import LENGTH_PREFIX, InferTensor, checked_data
 
 __all__ = ["encode_infer_response"]
 
@@ -20,7 +19,7 @@ def encode_infer_response(
     request_id: str | None,
     outputs: list[InferTensor],
     binary_outputs: set[str],
-    parameters: dict[str, Any] | None = None,
+    parameters: dict[str, object] | None = None,
 ) -> tuple[bytes, int | None]:
     """Encode a v2 infer response.
 
@@ -34,11 +33,11 @@ def encode_infer_response(
     :raises ValueError: when an output's data does not match its datatype or shape, or a BYTES
         element is neither ``bytes`` nor ``str`` (a bug in the model or server, not the client).
     """
-    entries: list[dict[str, Any]] = []
+    entries: list[dict[str, object]] = []
     buffers: list[bytes] = []
     for tensor in outputs:
-        data = _checked_data(tensor)
-        entry: dict[str, Any] = {
+        data = checked_data(tensor)
+        entry: dict[str, object] = {
             "name": tensor.name,
             "datatype": tensor.datatype,
             "shape": [int(dim) for dim in tensor.shape],
@@ -54,7 +53,7 @@ def encode_infer_response(
             entry["parameters"] = own
         entries.append(entry)
 
-    response: dict[str, Any] = {"model_name": model_name}
+    response: dict[str, object] = {"model_name": model_name}
     if model_version is not None:
         response["model_version"] = model_version
     if request_id is not None:
@@ -66,17 +65,6 @@ def encode_infer_response(
     if not any(tensor.name in binary_outputs for tensor in outputs):
         return header, None
     return b"".join([header, *buffers]), len(header)
-
-
-def _checked_data(tensor: InferTensor) -> np.ndarray:
-    if tensor.datatype not in DATATYPES:
-        raise ValueError(f"output {tensor.name!r} has unknown datatype {tensor.datatype!r}")
-    data = np.asarray(tensor.data, dtype=DATATYPES[tensor.datatype])
-    if data.size != math.prod(tensor.shape):
-        raise ValueError(
-            f"output {tensor.name!r} has {data.size} elements but shape {tensor.shape}"
-        )
-    return data
 
 
 def _binary_from_array(datatype: str, data: np.ndarray) -> bytes:
@@ -112,7 +100,7 @@ def _json_from_array(name: str, datatype: str, data: np.ndarray) -> Any:
     return np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("=")).reshape(-1)
 
 
-def _element_bytes(item: Any) -> bytes:
+def _element_bytes(item: object) -> bytes:
     if isinstance(item, bytes):
         return item
     if isinstance(item, str):

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from batching.codecs.plain import check_texts
 from batching.codecs.sparse import options_request, serves_sparse, sparse_items
-from batching.models.items import SparseVector
+from batching.models.items import Item, SparseVector
 from batching.runtime.deployment import Deployment
 
 from .tensors import InferTensor
@@ -54,8 +55,8 @@ def sparse_tensors(names: Sequence[str], vectors: Sequence[SparseVector]) -> lis
 
 
 def sparse_items_of(
-    deployment: Deployment, options: Mapping[str, Any], texts: list[Any]
-) -> list[Any]:
+    deployment: Deployment, options: Mapping[str, object], texts: Sequence[Item]
+) -> Sequence[Item]:
     """The items of ``texts`` for a sparse model, with the options its request's parameters
     set (``options``: the parameters other than Triton's own); ``texts`` as they are for any
     other model.
@@ -64,5 +65,5 @@ def sparse_items_of(
     """
     if not serves_sparse(deployment.metadata):
         return texts
-    request = options_request(texts, options, where="the request's parameters")
+    request = options_request(check_texts(texts), options, where="the request's parameters")
     return sparse_items(request, deployment.metadata)

@@ -21,7 +21,8 @@ Decisions worth knowing:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,12 +30,15 @@ import numpy as np
 import orjson
 
 from batching.errors import InvalidRequest, UnprocessableInput
+from batching.models.items import Item
 
 __all__ = [
     "DATATYPES",
     "INT64_MAX",
     "LENGTH_PREFIX",
     "array_from_buffer",
+    "check_output_parameters",
+    "checked_data",
     "InferRequest",
     "InferTensor",
     "RequestedOutput",
@@ -77,7 +81,7 @@ class InferTensor:
     datatype: str
     shape: list[int]
     data: np.ndarray
-    parameters: dict[str, Any] = field(default_factory=dict)
+    parameters: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass
@@ -87,7 +91,7 @@ class RequestedOutput:
 
     name: str
     binary_data: bool | None = None
-    parameters: dict[str, Any] = field(default_factory=dict)
+    parameters: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass
@@ -97,7 +101,7 @@ class InferRequest:
     id: str | None
     inputs: list[InferTensor]
     outputs: list[RequestedOutput] = field(default_factory=list)
-    parameters: dict[str, Any] = field(default_factory=dict)
+    parameters: dict[str, object] = field(default_factory=dict)
 
     def binary_output_default(self) -> bool:
         """The top-level ``binary_data_output`` parameter: whether outputs go out as binary
@@ -134,7 +138,7 @@ def datatype_of(dtype: np.dtype[Any]) -> str:
         raise ValueError(f"numpy dtype {dtype} has no v2 datatype") from None
 
 
-def tensor_from_rows(name: str, rows: Sequence[Any] | np.ndarray) -> InferTensor:
+def tensor_from_rows(name: str, rows: Sequence[object] | np.ndarray) -> InferTensor:
     """Build an output tensor from one model output per batch item.
 
     - A numpy array is taken as already batched: its first dimension is the items.
@@ -166,7 +170,8 @@ def tensor_from_rows(name: str, rows: Sequence[Any] | np.ndarray) -> InferTensor
     elif kinds == {bool}:
         return _numeric_tensor(name, np.array(rows, dtype=np.bool_))
     elif kinds <= {int, float}:
-        if kinds == {int} and -(2**63) <= min(rows) and max(rows) <= INT64_MAX:
+        numbers = [row for row in rows if isinstance(row, int | float)]
+        if kinds == {int} and -(2**63) <= min(numbers) and max(numbers) <= INT64_MAX:
             return _numeric_tensor(name, np.array(rows, dtype=np.int64))
         # Ints beyond INT64 land here too: orjson cannot write them as JSON either.
         with np.errstate(over="ignore"):
@@ -191,13 +196,39 @@ def _numeric_tensor(name: str, array: np.ndarray) -> InferTensor:
     return InferTensor(name, datatype, list(array.shape), array)
 
 
-def _bytes_tensor(name: str, items: list[Any]) -> InferTensor:
+def _bytes_tensor(name: str, items: Sequence[object]) -> InferTensor:
     array = np.empty((len(items), 1), dtype=object)
     array[:, 0] = items
     return InferTensor(name, "BYTES", [len(items), 1], array)
 
 
-def rows_from_tensor(tensor: InferTensor) -> list[Any]:
+def checked_data(tensor: InferTensor) -> np.ndarray:
+    """An output tensor's data in its datatype's dtype, checked against its shape.
+
+    :raises ValueError: an unknown datatype, or data that does not fill the shape.
+    """
+    if tensor.datatype not in DATATYPES:
+        raise ValueError(f"output {tensor.name!r} has unknown datatype {tensor.datatype!r}")
+    data = np.asarray(tensor.data, dtype=DATATYPES[tensor.datatype])
+    if data.size != math.prod(tensor.shape):
+        raise ValueError(
+            f"output {tensor.name!r} has {data.size} elements but shape {tensor.shape}"
+        )
+    return data
+
+
+def check_output_parameters(name: str, parameters: Mapping[str, object]) -> None:
+    """Refuse what a requested output asks that this server does not do.
+
+    :raises InvalidRequest: Triton's classification extension, or shared memory.
+    """
+    if "classification" in parameters:
+        raise InvalidRequest(f"output {name!r}: the classification extension is not supported")
+    if "shared_memory_region" in parameters:
+        raise InvalidRequest(f"output {name!r}: shared memory is not supported")
+
+
+def rows_from_tensor(tensor: InferTensor) -> list[Item]:
     """Split an input tensor into the per-item inputs a model's ``predict()`` takes.
 
     The first dimension is the batch. BYTES ``[n]`` or ``[n, 1]`` gives n ``str`` (binary

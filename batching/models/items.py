@@ -9,13 +9,19 @@ items instead; ``/tokenize`` and ``/decode`` send :class:`TokenizeItem` and
 everything else. A model says which of these it takes in its metadata (``"embedding"``, see
 :data:`EMBEDDING_KEY`); a door never sends an item kind the model did not declare.
 
+Every request item of every door is an :data:`Item`: the one type the batcher, the data plane
+and the running batches carry.
+
 Pure data: no torch, no numpy at import (outputs are numpy arrays made by the models).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, Union
+
+from .parameters import TaskItem
 
 __all__ = [
     "ENCODINGS",
@@ -23,6 +29,7 @@ __all__ = [
     "DecodeItem",
     "EmbedItem",
     "Encoding",
+    "Item",
     "Output",
     "SparseVector",
     "TokenVectors",
@@ -30,6 +37,12 @@ __all__ = [
     "TokenizeItem",
     "item_text",
 ]
+
+if TYPE_CHECKING:  # for annotations only: importing this module imports no numpy
+    from numpy import generic
+    from numpy.typing import NDArray
+
+    from .chat import Chat
 
 #: What an embedding item asks for: one pooled vector, every token's vector, or a sparse
 #: vocabulary-sized vector (SPLADE).
@@ -134,3 +147,30 @@ def item_text(item: object) -> str | None:
     if isinstance(item, EmbedItem | TokenizeItem):
         return item.prompt + item.text
     return None
+
+
+#: One request item, whatever the door and the model: a text; a JSON value of a plain body
+#: (a number, a row of numbers, an object); a media input's ``bytes``; a numeric tensor's row
+#: (a numpy array, or a numpy scalar); a dict of a model's named inputs; a task's input with
+#: its parameters (:class:`~batching.models.parameters.TaskItem`); an embedding, tokenize or
+#: decode item; a chat's messages (:class:`~batching.models.chat.Chat`). Its containers are
+#: read-only (``Sequence``, ``Mapping``), so a list of texts or a dict of bytes is one. The
+#: batcher, the data plane and the running batches carry it; a model narrows it to what it
+#: takes.
+Item: TypeAlias = Union[  # noqa: UP007 (the numpy and chat names exist for the checker only)
+    str,
+    bytes,
+    int,
+    float,
+    bool,
+    None,
+    EmbedItem,
+    TokenizeItem,
+    DecodeItem,
+    TaskItem,
+    "Chat",
+    "NDArray[Any]",
+    "generic",
+    Sequence["Item"],
+    Mapping[str, "Item"],
+]

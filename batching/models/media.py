@@ -18,10 +18,11 @@ this module.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .items import Item
 from .parameters import TaskItem
 from .tasks.audio import DEFAULT_MAX_SECONDS
 
@@ -110,7 +111,7 @@ def media_inputs(metadata: Mapping[str, Any]) -> dict[str, str]:
 
 
 def check_media(
-    media: Mapping[str, str], several: bool, items: list[Any], limits: MediaLimits
+    media: Mapping[str, str], several: bool, items: Sequence[Item], limits: MediaLimits
 ) -> None:
     """Check every media item of ``items`` (plain bytes for a model of one input, else dicts
     by input name; :class:`TaskItem` wrappers are looked into).

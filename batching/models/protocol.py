@@ -12,12 +12,14 @@ has ``load`` and ``predict`` are served alike.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # for annotations only: importing this module imports no numpy
     from numpy.typing import NDArray
+
+    from .items import Item
 
 __all__ = [
     "EXPANDS_KEY",
@@ -27,6 +29,7 @@ __all__ = [
     "ModelHooks",
     "hooks_of",
     "load_model",
+    "tensors_of",
     "warmup_batches",
 ]
 
@@ -160,13 +163,13 @@ MAX_SEQ_LENGTH_KEY = "max_seq_length"
 class ModelHooks:
     """The optional hooks of one model object, each None where the model lacks it."""
 
-    warmup_inputs: Callable[[int], Sequence[Sequence[Any]]] | None
-    count_tokens: Callable[[Any], int] | None
-    token_length: Callable[[Any, int], int] | None
+    warmup_inputs: Callable[[int], Sequence[Sequence[Item]]] | None
+    count_tokens: Callable[[Item], int] | None
+    token_length: Callable[[Item, int], int] | None
     metadata: Callable[[], dict[str, Any]] | None
     max_seq_length: int | None
-    expand: Callable[[Any], list[Any]] | None = None
-    join: Callable[[Any, list[Any]], Any] | None = None
+    expand: Callable[[Item], list[Item]] | None = None
+    join: Callable[[Item, list[object]], object] | None = None
 
 
 def hooks_of(model: object) -> ModelHooks:
@@ -196,6 +199,15 @@ def _own(model: object, name: str) -> Any:
     if getattr(type(model), name, None) is getattr(ModelBase, name):
         return None
     return method
+
+
+def tensors_of(metadata: Mapping[str, object], kind: str) -> list[Mapping[str, object]]:
+    """The tensors a model's metadata describes under ``kind`` (``"inputs"`` or
+    ``"outputs"``), in order: each a mapping (``name``, ``datatype``, ``shape``, ...)."""
+    listed = metadata.get(kind)
+    if not isinstance(listed, list | tuple):
+        return []
+    return [entry for entry in listed if isinstance(entry, Mapping)]
 
 
 def load_model(model: Model, device: str, instance_index: int) -> None:

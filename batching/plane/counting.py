@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from batching.errors import UnprocessableInput
-from batching.models.items import item_text
+from batching.models.items import Item, item_text
 from batching.models.parameters import TaskItem
 from batching.runtime.deployment import Deployment
 
@@ -50,7 +49,7 @@ class TokenCounts:
     lengths: list[int] | None
 
 
-def cheap_to_tokenize(inputs: list[Any]) -> bool:
+def cheap_to_tokenize(inputs: Sequence[Item]) -> bool:
     """Whether ``inputs`` are few and short enough to tokenize on the event loop."""
     if len(inputs) > 16:
         return False
@@ -86,7 +85,7 @@ def untokenizable(exc: Exception, request_id: str) -> UnprocessableInput:
 
 async def count_tokens(
     deployment: Deployment,
-    inputs: list[Any],
+    inputs: Sequence[Item],
     *,
     limit: int | None = None,
     request_id: str = "",
@@ -127,7 +126,7 @@ async def count_tokens(
 
 
 async def tokens_for_batching(
-    deployment: Deployment, inputs: list[Any], request_id: str
+    deployment: Deployment, inputs: Sequence[Item], request_id: str
 ) -> list[int] | None:
     """Each input's tokens when the model is batched by tokens (None otherwise).
 

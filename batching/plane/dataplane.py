@@ -20,8 +20,8 @@ pass the one they answered to :meth:`DataPlane.record`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client.metrics import Counter
 
@@ -31,6 +31,7 @@ from batching.codecs.multivector import TokenAnswer
 from batching.codecs.sparse import check_lengths
 from batching.errors import PayloadTooLarge
 from batching.metrics import Metrics
+from batching.models.items import Item
 from batching.runtime.deployment import Deployment
 from batching.tracing.spans import current_span
 
@@ -50,7 +51,7 @@ class Inferred:
     """What :meth:`DataPlane.infer` got: one output per item, in order, and the tokens the
     model ran (usage) when they were counted."""
 
-    outputs: list[Any]
+    outputs: list[object]
     tokens: int | None = None
 
 
@@ -89,7 +90,7 @@ class DataPlane:
     async def infer(
         self,
         deployment: Deployment,
-        items: list[Any],
+        items: Sequence[Item],
         caller: Caller,
         *,
         count: bool = False,
@@ -144,19 +145,19 @@ class DataPlane:
         """A per-token plan's vectors (:func:`.embedding.per_token`)."""
         return await embedding.per_token(self.call(deployment, caller), plan)
 
-    async def generate(self, deployment: Deployment, item: Any, caller: Caller) -> Generation:
+    async def generate(self, deployment: Deployment, item: Item, caller: Caller) -> Generation:
         """One item's generation, its first piece there (:func:`.generation.open_stream`)."""
         return await generation.open_stream(self.call(deployment, caller), item)
 
     async def generate_all(
-        self, deployment: Deployment, items: list[Any], caller: Caller
+        self, deployment: Deployment, items: Sequence[Item], caller: Caller
     ) -> list[Generation]:
         """Several items' generations (a request's choices), each with its first piece
         (:func:`.generation.open_streams`)."""
         return await generation.open_streams(self.call(deployment, caller), items)
 
     async def complete(
-        self, deployment: Deployment, items: list[Any], caller: Caller
+        self, deployment: Deployment, items: Sequence[Item], caller: Caller
     ) -> list[Generation]:
         """Every item's whole generation (:func:`.generation.complete`)."""
         return await generation.complete(self.call(deployment, caller), items)

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from batching.errors import (
     BatchingError,
@@ -30,6 +29,7 @@ from batching.errors import (
 )
 from batching.models.generation.pieces import Answer, Piece, Status
 from batching.models.generation.token_logprobs import Echo, TokenLogprob
+from batching.models.items import Item
 from batching.models.parameters import TaskItem
 from batching.runtime.scheduler import StepScheduler, Stream
 
@@ -156,7 +156,7 @@ def _counted(call: Call) -> Iterator[None]:
         raise
 
 
-async def _submitted(call: Call, items: list[Any]) -> list[Stream]:
+async def _submitted(call: Call, items: Sequence[Item]) -> list[Stream]:
     """``items`` accepted by the model's scheduler, each with its cost in tokens; all or
     none (a refusal cancels the ones submitted before it)."""
     scheduler = _scheduler(call)
@@ -195,7 +195,7 @@ async def _first(call: Call, stream: Stream) -> Generation:
     return Generation(call, stream, first)
 
 
-async def open_stream(call: Call, item: Any) -> Generation:
+async def open_stream(call: Call, item: Item) -> Generation:
     """Submit ``item`` (a text or a chat, with its parameters) to the model's decode loop and
     wait for its first piece.
 
@@ -209,7 +209,7 @@ async def open_stream(call: Call, item: Any) -> Generation:
         return await _first(call, stream)
 
 
-def refuse_logprobs(items: list[Any]) -> None:
+def refuse_logprobs(items: Sequence[Item]) -> None:
     """Refuse the ``logprobs`` parameter where the answer has no place for it (the plain
     body, KServe v2 ``infer``): the generate doors answer it.
 
@@ -222,7 +222,7 @@ def refuse_logprobs(items: list[Any]) -> None:
         )
 
 
-async def open_streams(call: Call, items: list[Any]) -> list[Generation]:
+async def open_streams(call: Call, items: Sequence[Item]) -> list[Generation]:
     """Submit ``items`` together (all or none: ``n`` choices of one request) and wait for
     each one's first piece.
 
@@ -238,7 +238,7 @@ async def open_streams(call: Call, items: list[Any]) -> list[Generation]:
             raise
 
 
-async def complete(call: Call, items: list[Any]) -> list[Generation]:
+async def complete(call: Call, items: Sequence[Item]) -> list[Generation]:
     """Every item generated to its end, together, in order (each answer gathered from its
     pieces).
 
@@ -252,7 +252,7 @@ async def complete(call: Call, items: list[Any]) -> list[Generation]:
         watcher = asyncio.ensure_future(disconnected()) if disconnected is not None else None
         gone = False
         try:
-            remaining: set[asyncio.Future[Any]] = set(tasks)
+            remaining: set[asyncio.Task[Generation]] = set(tasks)
             while remaining and not gone:
                 waited = remaining if watcher is None else remaining | {watcher}
                 done, _ = await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)

@@ -7,11 +7,13 @@ deadline or the client's departure, whichever comes first.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from batching.core.jobs import Pending
+from batching.documents import listed
 from batching.errors import ClientGone, DeadlineExceeded, NotReady, UnprocessableInput
 from batching.expansion import expand_items
+from batching.models.items import Item
 from batching.models.media import check_media, media_inputs, model_limits
 from batching.models.parameters import TaskItem
 from batching.runtime.deployment import Deployment
@@ -23,7 +25,7 @@ from .counting import tokens_for_batching
 __all__ = ["check_mask_token", "check_media_items", "queue_items"]
 
 
-def check_mask_token(metadata: dict[str, Any], inputs: list[Any]) -> None:
+def check_mask_token(metadata: Mapping[str, object], inputs: Sequence[Item]) -> None:
     """Refuse the texts a fill-mask model cannot take: its metadata names the ``mask_token``
     each text must hold (the model predicts the word at it), and a text without one would
     fail the model's batch. Checked before the items are queued, so one bad text never fails
@@ -44,7 +46,7 @@ def check_mask_token(metadata: dict[str, Any], inputs: list[Any]) -> None:
             )
 
 
-async def check_media_items(deployment: Deployment, inputs: list[Any]) -> None:
+async def check_media_items(deployment: Deployment, inputs: Sequence[Item]) -> None:
     """Refuse the media items (images, ...) a model cannot take, before they are queued: too
     large (413, from the header: pixels, or the memory decoding would take) or undecodable
     (400). On a worker thread: decoding an image takes milliseconds the event loop owes to
@@ -52,18 +54,18 @@ async def check_media_items(deployment: Deployment, inputs: list[Any]) -> None:
     media = media_inputs(deployment.metadata)
     if not media:
         return
-    several = len(deployment.metadata.get("inputs") or []) > 1
+    several = len(listed(deployment.metadata.get("inputs"))) > 1
     limits = model_limits(deployment.config.media_limits, deployment.metadata)
     await asyncio.to_thread(check_media, media, several, inputs, limits)
 
 
 async def queue_items(
     call: Call,
-    inputs: list[Any],
+    inputs: Sequence[Item],
     *,
     tokens: list[int] | None = None,
     token_cap: int | None = None,
-) -> list[Any]:
+) -> list[object]:
     """Queue ``inputs`` and wait for their outputs, in order; a model that expands its items
     (:mod:`batching.expansion`) runs their units and answers each item from its units'.
 
@@ -82,7 +84,7 @@ async def queue_items(
     :raises InvalidRequest: the model cannot expand one of these items.
     """
     deployment = call.deployment
-    units = inputs
+    units = inputs if isinstance(inputs, list) else list(inputs)
     expansion = await expand_items(deployment, inputs)
     if expansion is not None:
         # The units are counted, queued and packed like items; the counts were of items.
@@ -110,12 +112,14 @@ async def queue_items(
     return outputs if expansion is None else expansion.answers(outputs)
 
 
-async def _outputs(call: Call, future: Pending) -> list[Any]:
+async def _outputs(call: Call, future: Pending) -> list[object]:
     """The outputs of the queued ``future``, unless the deadline passes or the client goes
     away first (then its items are dropped wherever they are in the queue)."""
     disconnected = call.caller.disconnected
     watcher = asyncio.ensure_future(disconnected()) if disconnected is not None else None
-    waited: set[asyncio.Future[Any]] = {future} if watcher is None else {future, watcher}
+    waited: set[asyncio.Future[list[object]] | asyncio.Future[None]] = (
+        {future} if watcher is None else {future, watcher}
+    )
     try:
         async with asyncio.timeout_at(call.deadline):
             await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
@@ -135,7 +139,7 @@ async def _outputs(call: Call, future: Pending) -> list[Any]:
         future.cancel()
         raise ClientGone("the client went away before its answer")
     try:
-        outputs: list[Any] = future.result()
+        outputs = future.result()
     except DeadlineExceeded:
         # The batcher saw the deadline pass in the queue a moment before the timer above.
         raise call.expired(future.running) from None

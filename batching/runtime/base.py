@@ -8,9 +8,10 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from batching.core.jobs import InstanceLost, Outputs
+from batching.models.items import Item
 from batching.models.protocol import Model
 
 from .warmup import InstanceInfo, Loaded, WarmupPlan
@@ -42,7 +43,7 @@ class Instance(Protocol):
     async def start(self, max_batch_size: int) -> InstanceInfo: ...
 
     #: Runs one batch: the instance's :data:`~batching.core.jobs.RunBatch`.
-    async def run(self, inputs: list[Any]) -> tuple[Outputs, float]: ...
+    async def run(self, inputs: list[Item]) -> tuple[Outputs, float]: ...
 
     def close(self) -> None: ...
 
@@ -69,7 +70,7 @@ def yield_cpu_to_the_server() -> None:
         pass
 
 
-def predict_timed(model: Model, inputs: list[Any]) -> tuple[Outputs, float]:
+def predict_timed(model: Model, inputs: list[Item]) -> tuple[Outputs, float]:
     """Run one batch; return the outputs and the seconds the model took."""
     started = time.perf_counter()
     try:

@@ -9,8 +9,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from batching.config import ModelConfig
 from batching.core.batcher import Batcher
@@ -20,8 +19,9 @@ from batching.core.policy import BatchPolicy, FixedPolicy
 from batching.errors import NotReady
 from batching.models.engines.cores import CORES
 from batching.models.engines.options import ADAPTIVE_THREADS_VARIABLE
+from batching.models.items import Item
 from batching.models.loading import LOADING, Turn
-from batching.models.protocol import ModelHooks, hooks_of
+from batching.models.protocol import ModelHooks, hooks_of, tensors_of
 from batching.models.tasks.generation import streams
 
 from .base import InstanceFactory, ModelFactory
@@ -168,9 +168,11 @@ class Deployment:
     ) -> None:
         self.config = config
         self.name = config.name
-        self.batcher = Batcher(config.name, config.batching, make_policy(config), events)
+        self.batcher: Batcher[Item] = Batcher(
+            config.name, config.batching, make_policy(config), events
+        )
         self.batcher.instances = len(config.devices)
-        self.metadata: dict[str, Any] = {}
+        self.metadata: dict[str, object] = {}
         #: What runs the model (the v2 metadata's ``platform``): what its metadata says once
         #: loaded; until then ``python`` for your own class, ``pytorch`` for the others.
         self.platform = "python" if config.model_source.kind == "class" else "pytorch"
@@ -188,7 +190,7 @@ class Deployment:
         self._clock = clock
         self._tasks: list[asyncio.Task[None]] = []
         #: Counts an input's tokens on the event loop, for token-aware batching.
-        self.count_tokens: Callable[[Any], int] | None = None
+        self.count_tokens: Callable[[Item], int] | None = None
         self._counting: ModelHooks | None = None
         self._counting_built = asyncio.Lock()
         #: The iteration-level scheduler of a generating model (decoder-only or
@@ -229,7 +231,7 @@ class Deployment:
         assert self._counting is not None
         return self._counting
 
-    def _token_counter(self) -> Callable[[Any], int] | None:
+    def _token_counter(self) -> Callable[[Item], int] | None:
         counter = self._counting_hooks().count_tokens
         if counter is None:
             logger.warning(
@@ -238,7 +240,7 @@ class Deployment:
             )
         return counter
 
-    async def tokens_of(self, inputs: list[Any], *, offload: bool = False) -> list[int] | None:
+    async def tokens_of(self, inputs: Sequence[Item], *, offload: bool = False) -> list[int] | None:
         """Each input's token count, or None when the model is not batched by tokens; on a
         worker thread when ``offload`` or when there are many inputs."""
         counter = self.count_tokens
@@ -252,7 +254,7 @@ class Deployment:
     @property
     def takes_text(self) -> bool:
         """Whether the model's first input is BYTES (text), as its metadata says."""
-        inputs = self.metadata.get("inputs") or []
+        inputs = tensors_of(self.metadata, "inputs")
         return bool(inputs) and inputs[0].get("datatype") == "BYTES"
 
     @property

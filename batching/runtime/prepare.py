@@ -16,7 +16,6 @@ import gc
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from batching.config import ModelConfig
 from batching.models.protocol import load_model
@@ -53,7 +52,7 @@ def prepare_models(models: Sequence[ModelConfig]) -> list[str]:
                 failures.append(f"model {config.name!r} cannot be prepared: {reason}")
                 continue
             described = model.metadata() if hasattr(model, "metadata") else {}
-            engine: dict[str, Any] = described.get("engine") or {}
+            engine: dict[str, object] = described.get("engine") or {}
             logger.info(
                 "prepare: model %s on %s ready in %.1f s: %s%s",
                 config.name,

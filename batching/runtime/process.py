@@ -15,9 +15,10 @@ import struct
 import subprocess
 import sys
 import traceback
-from typing import IO, Any, cast
+from typing import IO, cast
 
 from batching.core.jobs import InstanceLost, Outputs
+from batching.models.items import Item
 
 from .base import InstanceBase, predict_timed, yield_cpu_to_the_server
 from .warmup import InstanceInfo, Loaded, load_and_warm
@@ -128,12 +129,12 @@ class ProcessInstance(InstanceBase):
             how = f"exited with code {code}"
         return f"the instance process {process.pid} {how} {when}"
 
-    def _call(self, inputs: list[Any]) -> tuple[Outputs, float]:
+    def _call(self, inputs: list[Item]) -> tuple[Outputs, float]:
         self._send(pickle.dumps(inputs, protocol=pickle.HIGHEST_PROTOCOL), "before a batch")
         # The child answers a batch with what predict_timed returned (see _child_main).
         return cast("tuple[Outputs, float]", self._receive("during a batch"))
 
-    async def run(self, inputs: list[Any]) -> tuple[Outputs, float]:
+    async def run(self, inputs: list[Item]) -> tuple[Outputs, float]:
         if self._closed:
             raise InstanceLost("the instance is closed")
         loop = asyncio.get_running_loop()
@@ -243,7 +244,7 @@ def _child_main() -> None:
             return
 
 
-def _reply(stream: IO[bytes], message: tuple[str, Any]) -> bool:
+def _reply(stream: IO[bytes], message: tuple[str, object]) -> bool:
     """Send ``message``; False when the parent is gone."""
     try:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)

@@ -35,7 +35,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 from batching.core.events import BatchEvents, NoEvents
 from batching.errors import (
@@ -48,6 +48,7 @@ from batching.errors import (
 )
 from batching.models.generation.pieces import Joining, Piece, Status
 from batching.models.generation.prefix_cache import PrefixLedger
+from batching.models.items import Item
 
 __all__ = ["RunningBatch", "StepScheduler", "Stream", "run_scheduler"]
 
@@ -55,8 +56,11 @@ logger = logging.getLogger("batching")
 
 T = TypeVar("T")
 
-#: Runs a function of the instance's loaded model on the instance's own thread.
-CallModel = Callable[[Callable[[Any], T]], Awaitable[T]]
+
+class CallModel(Protocol):
+    """Runs a function of the instance's loaded model on the instance's own thread."""
+
+    def __call__(self, function: Callable[[object], T], /) -> Awaitable[T]: ...
 
 
 class RunningBatch(Protocol):
@@ -74,13 +78,30 @@ class RunningBatch(Protocol):
     def leave(self, keys: set[int]) -> None: ...
 
 
+@runtime_checkable
+class GeneratingModel(Protocol):
+    """What the loop needs of a loaded generating model: its running batch, and how many
+    positions a sequence may take (its context)."""
+
+    def decode_batch(self) -> RunningBatch: ...
+
+    def positions(self) -> int: ...
+
+
+def _open_batch(model: object) -> tuple[RunningBatch, int]:
+    """The loaded ``model``'s running batch and its positions (on the instance's thread)."""
+    if not isinstance(model, GeneratingModel):
+        raise TypeError(f"a {type(model).__name__} model has no running batch to decode in")
+    return model.decode_batch(), model.positions()
+
+
 @dataclass(eq=False)
 class Stream:
     """One request item's sequence as its door sees it: pieces of text as they are
     generated, and its :class:`~batching.models.generation.pieces.Status`."""
 
     key: int
-    item: Any
+    item: Item
     tokens: int
     deadline: float
     request_id: str = ""
@@ -206,7 +227,7 @@ class StepScheduler:
         return self.budget
 
     def submit(
-        self, item: Any, tokens: int, deadline: float, request_id: str = "", place: int = 0
+        self, item: Item, tokens: int, deadline: float, request_id: str = "", place: int = 0
     ) -> Stream:
         """Accept ``item`` (it costs ``tokens``: prompt and ``max_new_tokens``) or refuse it.
 
@@ -250,11 +271,10 @@ class StepScheduler:
 
     # -- the loop ---------------------------------------------------------------------------
 
-    async def serve(self, call: CallModel[Any]) -> None:
+    async def serve(self, call: CallModel) -> None:
         """Run decode steps on one instance (``call`` runs a function of its model on its
         thread) until cancelled."""
-        batch: RunningBatch
-        batch, positions = await call(lambda model: (model.decode_batch(), model.positions()))
+        batch, positions = await call(_open_batch)
         if self.budget is None:
             self.budget = self.max_rows * int(positions)
         running: dict[int, Stream] = {}
@@ -278,9 +298,7 @@ class StepScheduler:
                         NotReady("the server shut down before serving this request"),
                     )
 
-    async def _step(
-        self, call: CallModel[Any], batch: RunningBatch, running: dict[int, Stream]
-    ) -> None:
+    async def _step(self, call: CallModel, batch: RunningBatch, running: dict[int, Stream]) -> None:
         now = self._now()
         leaving: set[int] = set()
         for key, stream in list(running.items()):
@@ -303,7 +321,7 @@ class StepScheduler:
 
     async def _join(
         self,
-        call: CallModel[Any],
+        call: CallModel,
         batch: RunningBatch,
         running: dict[int, Stream],
         leaving: set[int],
@@ -313,7 +331,7 @@ class StepScheduler:
         out without waiting for it."""
         items = [Joining(stream.key, stream.item, stream.place) for stream in joining]
 
-        def work(model: Any) -> list[Piece | BaseException]:
+        def work(model: object) -> list[Piece | BaseException]:
             batch.leave(leaving)
             try:
                 joined = batch.join_items(items)
@@ -347,7 +365,7 @@ class StepScheduler:
 
     async def _advance(
         self,
-        call: CallModel[Any],
+        call: CallModel,
         batch: RunningBatch,
         running: dict[int, Stream],
         leaving: set[int],
@@ -355,7 +373,7 @@ class StepScheduler:
         """One step of the running rows; the ones it finished leave at once."""
         stepping = list(running)
 
-        def work(model: Any) -> list[Piece] | BaseException:
+        def work(model: object) -> list[Piece] | BaseException:
             batch.leave(leaving)
             if not len(batch):
                 return []
@@ -409,7 +427,7 @@ class StepScheduler:
         self.draining = True
 
 
-async def run_scheduler(scheduler: StepScheduler, call: CallModel[Any]) -> None:
+async def run_scheduler(scheduler: StepScheduler, call: CallModel) -> None:
     """:meth:`StepScheduler.serve`, logging an unexpected end."""
     with contextlib.suppress(asyncio.CancelledError):
         try:

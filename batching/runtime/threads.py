@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar, TypeVarTuple
 
 from batching.core.jobs import InstanceLost, Outputs
 from batching.models.engines.cores import Party
+from batching.models.items import Item
 from batching.models.protocol import Model
 
 from .base import InstanceBase, ModelFactory, predict_timed
@@ -20,6 +21,7 @@ from .warmup import InstanceInfo, WarmupPlan, load_and_warm
 __all__ = ["ThreadInstance"]
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 
 class ThreadInstance(InstanceBase):
@@ -72,7 +74,7 @@ class ThreadInstance(InstanceBase):
         self._model = model
         return info
 
-    async def run(self, inputs: list[Any]) -> tuple[Outputs, float]:
+    async def run(self, inputs: list[Item]) -> tuple[Outputs, float]:
         model = self._model
         if model is None:
             raise InstanceLost("the instance has no loaded model")
@@ -81,7 +83,7 @@ class ThreadInstance(InstanceBase):
             self._executor, self._sharing, predict_timed, model, inputs
         )
 
-    async def call(self, function: Callable[[Any], T]) -> T:
+    async def call(self, function: Callable[[Model], T]) -> T:
         """``function(model)`` on the instance's thread (between its batches): how the
         decode loop (:mod:`.scheduler`) steps the model."""
         model = self._model
@@ -90,7 +92,7 @@ class ThreadInstance(InstanceBase):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._sharing, function, model)
 
-    def _sharing(self, function: Callable[..., T], *args: Any) -> T:
+    def _sharing(self, function: Callable[[*Ts], T], *args: *Ts) -> T:
         """``function(*args)`` on the threads the model's share of the cores lends it."""
         cores = self._cores
         if cores is None:

@@ -10,11 +10,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import cycle, islice
-from typing import Any
 
 import psutil
 
 from batching.config import ModelConfig
+from batching.models.items import Item
 from batching.models.parameters import (
     InvalidParameter,
     Parameters,
@@ -58,7 +58,7 @@ class InstanceInfo:
     load_s: float
     warmup_s: float
     warmup_batches: int
-    metadata: dict[str, Any]
+    metadata: dict[str, object]
     #: What runs the model, as the v2 metadata's ``platform`` says (:func:`platform_of`).
     platform: str = "python"
     #: Resident memory the load and warm-up added (bytes; 0 where it cannot be read). Loads
@@ -76,7 +76,7 @@ class Loaded:
     warmup_batches: int
 
 
-def platform_of(model: object, metadata: dict[str, Any]) -> str:
+def platform_of(model: object, metadata: dict[str, object]) -> str:
     """The v2 ``platform`` of ``model``: what its metadata says, else ``pytorch`` for the
     transformers-backed models of :mod:`batching.models`, else ``python`` (your own class)."""
     declared = metadata.get("platform")
@@ -120,7 +120,7 @@ class WarmupPlan:
 
 def warmup_inputs_for(
     model: Model, plan: WarmupPlan, max_batch_size: int, seed: int = 0
-) -> list[list[Any]]:
+) -> list[list[Item]]:
     """The warm-up batches ``plan`` asks of a loaded ``model``.
 
     With ``data="model"`` the items come from the model's ``warmup_inputs`` (none when it has
@@ -153,28 +153,31 @@ def warmup_inputs_for(
         return [_fill(samples, size) for size in sizes]
     if not text and (datatype not in _NUMERIC_TYPES and datatype != "BOOL"):
         raise RuntimeError(f"warm-up data {plan.data!r} cannot make {datatype} inputs")
-    if not text and any(not isinstance(dim, int) or dim < 0 for dim in item_shape):
+    dims = tuple(dim for dim in item_shape if isinstance(dim, int) and dim >= 0)
+    if not text and len(dims) != len(item_shape):
         raise RuntimeError(
             f"warm-up data {plan.data!r} needs a fixed input shape, and the model's metadata "
             f"says {[-1, *item_shape]}; use data from a file instead"
         )
     rng = random.Random(seed) if plan.data == "random" else None
     words = _text_length(model) if text else 0
-    return [[_generated(rng, words, datatype, item_shape) for _ in range(size)] for size in sizes]
+    return [[_generated(rng, words, datatype, dims) for _ in range(size)] for size in sizes]
 
 
-def _generated(rng: random.Random | None, words: int, datatype: str, shape: tuple[int, ...]) -> Any:
+def _generated(
+    rng: random.Random | None, words: int, datatype: str, shape: tuple[int, ...]
+) -> Item:
     """One generated input: zero-like without ``rng``, random with it."""
     if datatype == "BYTES":
         return " ".join(_random_word(rng) for _ in range(words)) if rng else ""
     return _tensor(shape, datatype, rng)
 
 
-def _fill(samples: list[Any], size: int) -> list[Any]:
+def _fill(samples: list[Item], size: int) -> list[Item]:
     return list(islice(cycle(samples), size))
 
 
-def _input_spec(model: Model) -> tuple[str, tuple[Any, ...]]:
+def _input_spec(model: Model) -> tuple[str, tuple[object, ...]]:
     """The first input's datatype and per-item shape (the metadata shape minus the batch
     dimension); a model without metadata is taken to be a text model."""
     describe = hooks_of(model).metadata
@@ -195,7 +198,7 @@ def _random_word(rng: random.Random) -> str:
     return "".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9)))
 
 
-def _tensor(shape: tuple[int, ...], datatype: str, rng: random.Random | None) -> Any:
+def _tensor(shape: tuple[int, ...], datatype: str, rng: random.Random | None) -> Item:
     if shape:
         return [_tensor(shape[1:], datatype, rng) for _ in range(shape[0])]
     if datatype == "BOOL":
@@ -205,8 +208,8 @@ def _tensor(shape: tuple[int, ...], datatype: str, rng: random.Random | None) ->
     return rng.random() if rng else 0.0
 
 
-def _read_samples(path: str, text: bool) -> list[Any]:
-    samples: list[Any] = []
+def _read_samples(path: str, text: bool) -> list[Item]:
+    samples: list[Item] = []
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             line = line.rstrip("\r\n")
@@ -307,7 +310,7 @@ def load_and_warm(
             raise RuntimeError(f"{where} returned {len(outputs)} outputs")
     warmed = time.perf_counter()
     hooks = hooks_of(model)
-    metadata: dict[str, Any] = {}
+    metadata: dict[str, object] = {}
     if hooks.metadata is not None:
         metadata = dict(hooks.metadata())
         if hooks.max_seq_length is not None:
@@ -332,7 +335,7 @@ def resident_bytes() -> int:
         return 0
 
 
-_Expand = tuple[Callable[[Any], list[Any]], Callable[[Any, list[Any]], Any]]
+_Expand = tuple[Callable[[Item], list[Item]], Callable[[Item, list[object]], object]]
 
 
 def _expansion(model: Model) -> _Expand | None:
@@ -346,11 +349,11 @@ def _expansion(model: Model) -> _Expand | None:
     return hooks.expand, hooks.join
 
 
-def _with(item: Any, parameters: Parameters) -> Any:
+def _with(item: Item, parameters: Parameters) -> Item:
     return item if isinstance(item, TaskItem) else TaskItem(item, parameters)
 
 
-def _expanded_predict(model: Model, expansion: _Expand, batch: list[Any]) -> list[Any]:
+def _expanded_predict(model: Model, expansion: _Expand, batch: list[Item]) -> list[object]:
     """A warm-up batch of request items, as a request runs them: each expanded into its
     units, the units run as one batch, each item's answer joined from its units' outputs."""
     expand, join = expansion

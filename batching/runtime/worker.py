@@ -14,14 +14,15 @@ import concurrent.futures
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import ParamSpec, TypeVar
 
 __all__ = ["InstanceThread"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
-#: A call waiting for the thread: its future, the function and its arguments.
-_Call = tuple["concurrent.futures.Future[Any]", Callable[..., Any], tuple[Any, ...]]
+#: A call waiting for the thread: what cancels its future, and what runs it (and resolves it).
+_Call = tuple[Callable[[], bool], Callable[[], None]]
 
 
 class InstanceThread(concurrent.futures.Executor):
@@ -41,15 +42,26 @@ class InstanceThread(concurrent.futures.Executor):
         self._shut = False
 
     def submit(
-        self, fn: Callable[..., T], /, *args: Any, **kwargs: Any
+        self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
     ) -> concurrent.futures.Future[T]:
         if kwargs:
             raise TypeError("InstanceThread.submit takes positional arguments only")
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: B036 - the caller's future carries it
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
         with self._lock:
             if self._shut:
                 raise RuntimeError("cannot schedule new calls after shutdown")
-            self._calls.put((future, fn, args))
+            self._calls.put((future.cancel, run))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
                 self._thread.start()
@@ -75,7 +87,7 @@ class InstanceThread(concurrent.futures.Executor):
             except queue.Empty:
                 return
             if call is not None:
-                call[0].cancel()
+                call[0]()
 
     def _work(self) -> None:
         if self._initializer is not None:
@@ -84,13 +96,5 @@ class InstanceThread(concurrent.futures.Executor):
             call = self._calls.get()
             if call is None:
                 return
-            future, fn, args = call
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                result = fn(*args)
-            except BaseException as exc:  # noqa: B036 - the caller's future carries it
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
-            del future, fn, args, call  # no reference outlives the call
+            call[1]()
+            del call  # no reference outlives the call

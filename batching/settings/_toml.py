@@ -48,7 +48,7 @@ class Table:
 
     def __init__(
         self,
-        data: dict[str, Any],
+        data: dict[str, object],
         file: str,
         path: str,
         *,
@@ -141,7 +141,7 @@ class Table:
                 raise self.error(key, f"every size must be {bound}", value)
         return tuple(value)
 
-    def nested(self, data: dict[str, Any], path: str) -> Table:
+    def nested(self, data: dict[str, object], path: str) -> Table:
         """A table of the same file at ``path`` (an element of an array of tables)."""
         return Table(data, self.file, path, raises=self._raises)
 

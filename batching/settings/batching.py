@@ -16,20 +16,24 @@ __all__ = ["add_batching_flags", "read_batching"]
 
 def add_batching_flags(parser: Parser) -> None:
     defaults = BatchingConfig()
-    parser.flag(
-        "--max-batch-size",
-        default=defaults.max_batch_size,
-        help="most items per batch; larger requests are split across batches",
-    )
-    parser.flag(
-        "--max-queue-delay-ms",
-        default=defaults.max_queue_delay * 1000,
-        help="longest a forming batch waits for more items, from its oldest item's arrival",
-    )
-    parser.flag(
-        "--preferred-batch-sizes",
-        default="",
-        help="comma list of batch sizes that go out at once (Triton's preferred_batch_size)",
+    parser.flags(
+        [
+            (
+                "--max-batch-size",
+                defaults.max_batch_size,
+                "most items per batch; larger requests are split across batches",
+            ),
+            (
+                "--max-queue-delay-ms",
+                defaults.max_queue_delay * 1000,
+                "longest a forming batch waits for more items, from its oldest item's arrival",
+            ),
+            (
+                "--preferred-batch-sizes",
+                "",
+                "comma list of batch sizes that go out at once (Triton's preferred_batch_size)",
+            ),
+        ]
     )
     parser.flag(
         "--max-batch-tokens",
@@ -42,25 +46,29 @@ def add_batching_flags(parser: Parser) -> None:
         choices=POLICIES,
         help="fixed window, or a window adapted to traffic and measured batch cost",
     )
-    parser.flag(
-        "--max-latency-ms",
-        default=defaults.max_latency * 1000,
-        help="adaptive batching's latency budget: waiting never exceeds it",
-    )
-    parser.flag(
-        "--max-queue-size",
-        default=defaults.max_queue_size,
-        help="most items queued per model; beyond it requests get 503 at once",
-    )
-    parser.flag(
-        "--timeout-ms",
-        default=defaults.timeout * 1000,
-        help="request deadline; X-Request-Timeout-Ms may lower it; past it: 504",
-    )
-    parser.flag(
-        "--max-items-per-request",
-        default=defaults.max_items_per_request,
-        help="most inputs one request may carry (413 beyond)",
+    parser.flags(
+        [
+            (
+                "--max-latency-ms",
+                defaults.max_latency * 1000,
+                "adaptive batching's latency budget: waiting never exceeds it",
+            ),
+            (
+                "--max-queue-size",
+                defaults.max_queue_size,
+                "most items queued per model; beyond it requests get 503 at once",
+            ),
+            (
+                "--timeout-ms",
+                defaults.timeout * 1000,
+                "request deadline; X-Request-Timeout-Ms may lower it; past it: 504",
+            ),
+            (
+                "--max-items-per-request",
+                defaults.max_items_per_request,
+                "most inputs one request may carry (413 beyond)",
+            ),
+        ]
     )
 
 

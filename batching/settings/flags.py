@@ -100,6 +100,12 @@ class Parser(argparse.ArgumentParser):
             help=f"{help}{shown} [env {env}]",
         )
 
+    def flags(self, rows: Sequence[tuple[str, str | int | float, str]]) -> None:
+        """Flags of a table, in order: each its name, its default and its help (as
+        :meth:`flag` takes them)."""
+        for flag, default, help in rows:
+            self.flag(flag, default=default, help=help)
+
     def switch_flag(self, flag: str, *, help: str) -> None:
         """An on/off flag; its variable twin says 1 or 0 (:func:`switch`)."""
         self.add_argument(

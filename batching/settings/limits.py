@@ -48,53 +48,57 @@ def add_limit_flags(parser: Parser) -> None:
 
 def _add_connection_flags(parser: Parser) -> None:
     limits = ConnectionLimits()
-    parser.flag(
-        "--header-timeout-s",
-        default=limits.header_timeout,
-        help="a connection whose request headers are not all in after this long (from its "
-        "first byte, or from the connection's start) gets 408 and is closed; 0: never",
-    )
-    parser.flag(
-        "--body-timeout-s",
-        default=limits.body_timeout,
-        help="longest wait between two reads of a request body still arriving; past it, "
-        "408 and close; 0: never",
-    )
-    parser.flag(
-        "--keep-alive-timeout-s",
-        default=limits.keep_alive_timeout,
-        help="an idle keep-alive connection is closed after this long",
-    )
-    parser.flag(
-        "--max-connections",
-        default=limits.max_connections,
-        help="most open connections on each port (HTTP and gRPC); an HTTP connection beyond it "
-        "is answered 503 at once and closed, a gRPC one is closed (UNAVAILABLE); "
-        "0: no cap",
-    )
-    parser.flag(
-        "--max-header-bytes",
-        default=limits.max_header_bytes,
-        help="most bytes of an HTTP request line and headers together, counted as they "
-        "arrive; beyond it, 431 and close without reading the rest; 0: no limit",
-    )
-    parser.flag(
-        "--max-header-count",
-        default=limits.max_header_count,
-        help="most header lines in an HTTP request; beyond it, 431 and close; 0: no limit",
-    )
-    parser.flag(
-        "--body-deadline-s",
-        default=limits.body_deadline,
-        help="from the end of a request's headers until its body's last byte, however "
-        "steadily it trickles in; past it, 408 and close; 0: never",
-    )
-    parser.flag(
-        "--probe-connections",
-        default=limits.probe_connections,
-        help="connections taken beyond --max-connections for one liveness or readiness "
-        "probe each (/v2/health/live, /v2/health/ready; any other request: 503); a silent "
-        "one is closed after 1 s, or when a newer one needs its slot",
+    parser.flags(
+        [
+            (
+                "--header-timeout-s",
+                limits.header_timeout,
+                "a connection whose request headers are not all in after this long (from its "
+                "first byte, or from the connection's start) gets 408 and is closed; 0: never",
+            ),
+            (
+                "--body-timeout-s",
+                limits.body_timeout,
+                "longest wait between two reads of a request body still arriving; past it, "
+                "408 and close; 0: never",
+            ),
+            (
+                "--keep-alive-timeout-s",
+                limits.keep_alive_timeout,
+                "an idle keep-alive connection is closed after this long",
+            ),
+            (
+                "--max-connections",
+                limits.max_connections,
+                "most open connections on each port (HTTP and gRPC); an HTTP connection beyond it "
+                "is answered 503 at once and closed, a gRPC one is closed (UNAVAILABLE); "
+                "0: no cap",
+            ),
+            (
+                "--max-header-bytes",
+                limits.max_header_bytes,
+                "most bytes of an HTTP request line and headers together, counted as they "
+                "arrive; beyond it, 431 and close without reading the rest; 0: no limit",
+            ),
+            (
+                "--max-header-count",
+                limits.max_header_count,
+                "most header lines in an HTTP request; beyond it, 431 and close; 0: no limit",
+            ),
+            (
+                "--body-deadline-s",
+                limits.body_deadline,
+                "from the end of a request's headers until its body's last byte, however "
+                "steadily it trickles in; past it, 408 and close; 0: never",
+            ),
+            (
+                "--probe-connections",
+                limits.probe_connections,
+                "connections taken beyond --max-connections for one liveness or readiness "
+                "probe each (/v2/health/live, /v2/health/ready; any other request: 503); a silent "
+                "one is closed after 1 s, or when a newer one needs its slot",
+            ),
+        ]
     )
 
 

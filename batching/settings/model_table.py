@@ -67,7 +67,7 @@ class RepositoryError(ValueError):
 
 
 def model_from_table(
-    data: dict[str, Any],
+    data: dict[str, object],
     *,
     file: str,
     folder: Path,
@@ -179,7 +179,7 @@ def _parameters(top: Table, task: str | None) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((str(key), _frozen(value)) for key, value in table.data.items()))
 
 
-def _frozen(value: Any) -> Any:
+def _frozen(value: object) -> Any:
     """A TOML value as a hashable one (arrays become tuples)."""
     return tuple(_frozen(item) for item in value) if isinstance(value, list) else value
 

@@ -22,7 +22,6 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from batching.config import ModelConfig
 from batching.control import ReadRepository, RepositoryEntry
@@ -96,7 +95,7 @@ def repository_reader(
 
 
 def apply_overrides(
-    base: ModelConfig, overrides: Mapping[str, Any], instances: InstanceBudget | None = None
+    base: ModelConfig, overrides: Mapping[str, object], instances: InstanceBudget | None = None
 ) -> ModelConfig:
     """``base`` (the model as the repository has it) with a load call's ``config`` applied.
 

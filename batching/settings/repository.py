@@ -14,7 +14,6 @@ import os
 import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from batching.config import ModelConfig
 from batching.runtime.cpus import InstanceBudget
@@ -28,7 +27,7 @@ __all__ = ["CONFIG_FILE", "RepositoryError", "load_repository"]
 CONFIG_FILE = "config.toml"
 
 
-def _read_toml(file: Path) -> dict[str, Any]:
+def _read_toml(file: Path) -> dict[str, object]:
     try:
         with file.open("rb") as handle:
             return tomllib.load(handle)

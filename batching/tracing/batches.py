@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Tracer
@@ -30,7 +29,7 @@ __all__ = ["BATCH_MARK", "BatchSpans"]
 BATCH_MARK = "batching.batch.size"
 
 
-def engine_of(metadata: Mapping[str, Any], items: int) -> tuple[str, str] | None:
+def engine_of(metadata: Mapping[str, object], items: int) -> tuple[str, str] | None:
     """The engine and precision that run batches of ``items``, as the model's metadata says
     (``engine.routes``, each with its batch sizes); None when it says nothing."""
     engine = metadata.get("engine")

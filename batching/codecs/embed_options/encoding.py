@@ -17,7 +17,7 @@ from .planning import EmbedPlan, check_dimensions
 __all__ = ["encode_vector", "vectors_of"]
 
 
-def vectors_of(outputs: Iterable[Any], plan: EmbedPlan, model: str) -> list[np.ndarray]:
+def vectors_of(outputs: Iterable[object], plan: EmbedPlan, model: str) -> list[np.ndarray]:
     """The model's outputs as 1-D vectors: float32 shortened to the door's ``dimensions``
     (and re-normalised for unit vectors), or the int8/uint8 vectors of a compact encoding.
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from batching.documents import listed
 from batching.errors import InvalidRequest, PayloadTooLarge
 from batching.models.items import EMBEDDING_KEY, EmbedItem
 
-from ..capability import max_seq_length
+from ..capability import first_output, max_seq_length
 from .reading import INPUT_TYPE_ALIASES, EmbedOptions, OptionError
 
 __all__ = [
@@ -32,29 +32,23 @@ class TextTooLong(PayloadTooLarge):
     """A text over the model's length, with ``truncate: false`` (413)."""
 
 
-def embedding_info(metadata: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def embedding_info(metadata: Mapping[str, object]) -> Mapping[str, object] | None:
     """The model's ``"embedding"`` metadata, or None when it declares none."""
     info = metadata.get(EMBEDDING_KEY)
     return info if isinstance(info, Mapping) else None
 
 
-def _first_output(metadata: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    outputs = metadata.get("outputs") or []
-    first = outputs[0] if outputs else None
-    return first if isinstance(first, Mapping) else None
-
-
-def _width(metadata: Mapping[str, Any]) -> int | None:
-    output = _first_output(metadata)
+def _width(metadata: Mapping[str, object]) -> int | None:
+    output = first_output(metadata)
     shape = output.get("shape") if output is not None else None
     width = shape[-1] if isinstance(shape, list) and shape else None
     return width if isinstance(width, int) and not isinstance(width, bool) and width > 0 else None
 
 
-def _normalized(metadata: Mapping[str, Any], info: Mapping[str, Any] | None) -> bool:
+def _normalized(metadata: Mapping[str, object], info: Mapping[str, object] | None) -> bool:
     if info is not None and isinstance(info.get("normalized"), bool):
         return bool(info["normalized"])
-    output = _first_output(metadata)
+    output = first_output(metadata)
     return output is not None and output.get("normalized") is True
 
 
@@ -83,12 +77,12 @@ class EmbedPlan:
         return max(self.max_seq_length + 1, at_least)
 
 
-def _not_applied(model: str, option: str, value: Any, why: str) -> OptionError:
+def _not_applied(model: str, option: str, value: object, why: str) -> OptionError:
     return OptionError(f"model {model!r} cannot apply {option}={value!r}: {why}", param=option)
 
 
 def resolve_prompt(
-    prompt_name: str | None, input_type: str | None, info: Mapping[str, Any], model: str | None
+    prompt_name: str | None, input_type: str | None, info: Mapping[str, object], model: str | None
 ) -> str | None:
     """The prompt text ``prompt_name`` or ``input_type`` picks among the model's ``prompts``
     (its ``"embedding"`` metadata), or None for the model's default: for dense, per-token and
@@ -130,7 +124,7 @@ def resolve_prompt(
 def plan_embedding(
     texts: Sequence[str],
     options: EmbedOptions,
-    metadata: Mapping[str, Any],
+    metadata: Mapping[str, object],
     *,
     model: str,
     truncate_default: bool = True,
@@ -153,17 +147,17 @@ def plan_embedding(
     if info is None:
         return _plan_undescribed(texts, options, model, normalized, encoding_name)
 
-    outputs = info.get("outputs") or ["dense"]
+    outputs = listed(info.get("outputs")) or ["dense"]
     if "dense" not in outputs:
         raise InvalidRequest(f"model {model!r} does not return dense embeddings")
     prompt = resolve_prompt(options.prompt_name, options.input_type, info, model)
-    directions = info.get("truncation_directions") or ["right"]
+    directions = [str(name) for name in listed(info.get("truncation_directions"))] or ["right"]
     direction = options.truncation_direction or "right"
     if direction not in directions:
         raise _not_applied(
             model, "truncation_direction", direction, f"it truncates {', '.join(directions)}"
         )
-    encodings = info.get("encodings") or ["float"]
+    encodings = [str(name) for name in listed(info.get("encodings"))] or ["float"]
     if options.encoding not in encodings:
         raise _not_applied(
             model, encoding_name, options.wire_encoding, f"its encodings are {', '.join(encodings)}"

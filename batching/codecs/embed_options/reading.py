@@ -5,8 +5,8 @@ one or a wrong value (:class:`OptionError`)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal, cast
+from dataclasses import dataclass, replace
+from typing import Literal, cast
 
 from batching.errors import InvalidRequest
 from batching.models.items import Encoding
@@ -92,19 +92,19 @@ class EmbedOptions:
         return self.encoding + (BASE64_SUFFIX if self.base64 else "")
 
 
-def _string(name: str, value: Any) -> str:
+def _string(name: str, value: object) -> str:
     if not isinstance(value, str) or not value:
         raise OptionError(f"{name} must be a non-empty string, not {json_type(value)}", param=name)
     return value
 
 
-def _boolean(name: str, value: Any) -> bool:
+def _boolean(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise OptionError(f"{name} must be true or false, not {value!r}", param=name)
     return value
 
 
-def parse_encoding(name: str, value: Any) -> tuple[Encoding, bool]:
+def parse_encoding(name: str, value: object) -> tuple[Encoding, bool]:
     """An ``encoding`` value as (the model's encoding, whether base64).
 
     :raises InvalidRequest: naming ``name`` and the values it may take.
@@ -119,14 +119,14 @@ def parse_encoding(name: str, value: Any) -> tuple[Encoding, bool]:
     return cast(Encoding, encoding), bool(suffix)
 
 
-def _dimensions(name: str, value: Any) -> int:
+def _dimensions(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise OptionError(f"{name} must be a positive integer, not {value!r}", param=name)
     return value
 
 
 def read_options(
-    values: Mapping[str, Any],
+    values: Mapping[str, object],
     *,
     where: str,
     names: Mapping[str, str] | None = None,
@@ -145,7 +145,7 @@ def read_options(
         spelling.pop(option, None)
         spelling[wire] = option
     skipped = set(ignore)
-    found: dict[str, Any] = {}
+    found: dict[str, tuple[str, object]] = {}
     for key, value in values.items():
         if key in skipped:
             continue
@@ -160,23 +160,24 @@ def read_options(
         if value is None:
             continue
         found[meant] = (key, value)
-    kwargs: dict[str, Any] = {}
+    read = EmbedOptions()
     if "prompt_name" in found:
-        kwargs["prompt_name"] = _string(*found["prompt_name"])
+        read = replace(read, prompt_name=_string(*found["prompt_name"]))
     if "input_type" in found:
-        kwargs["input_type"] = _string(*found["input_type"])
+        read = replace(read, input_type=_string(*found["input_type"]))
     if "truncate" in found:
-        kwargs["truncate"] = _boolean(*found["truncate"])
+        read = replace(read, truncate=_boolean(*found["truncate"]))
     if "truncation_direction" in found:
         key, value = found["truncation_direction"]
-        if value not in ("left", "right"):
+        if value != "left" and value != "right":
             raise OptionError(f"{key} must be 'left' or 'right', not {value!r}", param=key)
-        kwargs["truncation_direction"] = value
+        read = replace(read, truncation_direction=value)
     if "dimensions" in found:
-        kwargs["dimensions"] = _dimensions(*found["dimensions"])
+        read = replace(read, dimensions=_dimensions(*found["dimensions"]))
     if "encoding" in found:
-        kwargs["encoding"], kwargs["base64"] = parse_encoding(*found["encoding"])
-    return EmbedOptions(**kwargs)
+        encoding, base64 = parse_encoding(*found["encoding"])
+        read = replace(read, encoding=encoding, base64=base64)
+    return read
 
 
 def refuse_dense_only(options: EmbedOptions, *, dimensions: str, encoding: str) -> None:

@@ -88,7 +88,9 @@ def test_greedy_tokens_and_their_logprobs_equal_generate_with_output_scores(
             assert got == pytest.approx(values, abs=1e-4)
 
 
-def test_a_row_without_logprobs_carries_none(models: dict[str, tuple[GenerationModel, Any]]) -> None:
+def test_a_row_without_logprobs_carries_none(
+    models: dict[str, tuple[GenerationModel, Any]],
+) -> None:
     model, _ = models["gpt2"]
     pieces = pieces_of(model, TaskItem(PROMPTS[0], (("max_new_tokens", 3),)))
     assert all(piece.logprobs is None and piece.echo is None for piece in pieces)
