@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from batching.errors import InvalidRequest
-from batching.models.tasks.generation import MAX_STOP_LENGTH, MAX_STOP_STRINGS
+from batching.models.generation.settings import check_stop
 
 __all__ = [
     "MAX_CHAT_CHARS",
@@ -92,13 +92,10 @@ def stop_strings(value: Any) -> list[str]:
         value = [value]
     if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
         raise InvalidRequest("stop must be a string or a list of strings")
-    if len(value) > MAX_STOP_STRINGS:
-        raise InvalidRequest(f"stop takes at most {MAX_STOP_STRINGS} strings")
-    if any(not s or len(s) > MAX_STOP_LENGTH for s in value):
-        raise InvalidRequest(
-            f"stop takes non-empty strings of at most {MAX_STOP_LENGTH} characters"
-        )
-    return list(value)
+    try:
+        return list(check_stop(value))
+    except ValueError as error:
+        raise InvalidRequest(str(error)) from None
 
 
 def check_chat_bounds(body: dict[str, Any]) -> None:

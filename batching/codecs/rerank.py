@@ -85,18 +85,10 @@ def parse_rerank_request(body: bytes) -> RerankRequest:
     model = model_name(document)
     query = document.get("query")
     if not isinstance(query, str) or not query:
-        raise OpenAIError(
-            "query must be a non-empty string",
-            param="query",
-            code="missing_required_parameter" if query is None else "invalid_value",
-        )
+        raise _refused("query", query, "a non-empty string")
     documents = document.get("documents")
     if not isinstance(documents, list) or not documents:
-        raise OpenAIError(
-            "documents must be a non-empty array of strings",
-            param="documents",
-            code="missing_required_parameter" if documents is None else "invalid_value",
-        )
+        raise _refused("documents", documents, "a non-empty array of strings")
     texts = [_document(value, index) for index, value in enumerate(documents)]
     top_n = document.get("top_n")
     if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
@@ -215,4 +207,13 @@ def encode_rerank(
             "model": model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
+    )
+
+
+def _refused(name: str, value: object, wanted: str) -> OpenAIError:
+    """The error for a missing or unfit required field ``name``."""
+    return OpenAIError(
+        f"{name} must be {wanted}",
+        param=name,
+        code="missing_required_parameter" if value is None else "invalid_value",
     )
