@@ -17,19 +17,32 @@ The soak: starts ``python server.py`` (1 thread instance, plus ``--server-arg`` 
 traffic and after ``--soak-seconds`` more (closed-loop clients sending 1 to 1,024 texts of 2
 to 256 words each), and reports the growth from warm-up to the end (target: under 5 %).
 
+After a prepared start (``--prepared``, on by default): runs ``python server.py --prepare`` into
+an empty engine cache, starts the server on it, and reads its RSS (with the anonymous and the
+file-backed part, from ``/proc/PID/smaps_rollup``) idle, after 200 one-text requests (target:
+350 MB, goal 300), and at 10 s and 60 s of load from ``--load-clients`` closed-loop clients
+sending one text of 4 to 128 words each: the growth between those two (target: under 5 %).
+
     python benchmarks/memory.py                           # idle, the table, a 600 s soak
     python benchmarks/memory.py --no-table --no-soak      # idle after a first/cached start
     python benchmarks/memory.py --no-idle --no-table --soak-seconds 60 --warmup-seconds 10
     python benchmarks/memory.py --no-table --soak-seconds 600 --server-arg=--malloc=off
     python benchmarks/memory.py --no-table --server-arg=--malloc=off --env MALLOC_ARENA_MAX=2
     python benchmarks/memory.py --no-table --warmup-seconds 5 --soak-seconds 10   # smoke
+    python benchmarks/memory.py --no-idle --no-table --no-soak     # after a prepared start
+    python benchmarks/memory.py --no-idle --no-table --no-soak --server-arg=--precision \
+        --server-arg=fp32
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import random
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -137,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-table", action="store_true", help="skip the per-setting table")
     parser.add_argument("--no-soak", action="store_true", help="skip the mixed soak")
+    parser.add_argument(
+        "--no-prepared", action="store_true", help="skip the readings after a prepared start"
+    )
+    parser.add_argument("--load-clients", type=int, default=4, help="clients of the 60 s load (4)")
     parser.add_argument("--soak-seconds", type=float, default=600.0, help="soak length (600)")
     parser.add_argument("--warmup-seconds", type=float, default=60.0, help="warm-up (60)")
     parser.add_argument("--clients", type=int, default=2, help="mixed closed-loop clients (2)")
@@ -155,7 +172,88 @@ def main(argv: list[str] | None = None) -> int:
         code = table()
     if not args.no_soak:
         code = soak(args) or code
+    if not args.no_prepared:
+        code = prepared(args) or code
     return code
+
+
+def rollup_mb(pid: int) -> str:
+    """The anonymous and file-backed parts of a process's RSS (``/proc/PID/smaps_rollup``)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as handle:
+            fields = dict(line.split(":", 1) for line in handle if ":" in line)
+    except OSError:
+        return "-"
+    kb = {name: int(fields.get(name, "0 kB").split()[0]) for name in ("Anonymous", "Rss")}
+    return f"{kb['Anonymous'] / 1024:.0f} anon + {(kb['Rss'] - kb['Anonymous']) / 1024:.0f} file"
+
+
+def _load(url: str, stop: threading.Event, seed: int, done: list[int]) -> None:
+    """One closed-loop client: one text of 4 to 128 words per request, until ``stop``."""
+    rng = random.Random(seed)
+    words = ["measure", "memory", "server", "batch", "text", "engine", "short", "long"]
+    with httpx.Client(timeout=120) as client:
+        while not stop.is_set():
+            text = " ".join(rng.choices(words, k=rng.randint(4, 128)))
+            if client.post(url, json={"inputs": [text]}).status_code == 200:
+                done[0] += 1
+
+
+def prepared(args: argparse.Namespace) -> int:
+    """RSS after ``--prepare`` and a start from its cache: idle, after 200 one-text requests,
+    and at 10 s and 60 s of load; 1 when over 350 MB or growing 5 % or more."""
+    log = ROOT / "load_test_results" / "memory-prepared-server.log"
+    with tempfile.TemporaryDirectory(prefix="engines-") as cache:
+        env = {"BATCHING_ENGINE_CACHE": cache}
+        started = time.monotonic()
+        subprocess.run(
+            [sys.executable, str(ROOT / "server.py"), "--prepare", *args.server_arg],
+            cwd=ROOT,
+            env={**os.environ, **env},
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        prepare_s = time.monotonic() - started
+        with ServerProcess(args.server_arg, cwd=ROOT, log_path=log, env=env) as server:
+            assert server.pid is not None
+            pid = server.pid
+            time.sleep(args.settle)  # idle: no request has been sent
+            rows = [("idle after the start", rss_mb(pid), rollup_mb(pid))]
+            with httpx.Client(timeout=120) as client:
+                for number in range(200):
+                    client.post(server.url, json={"inputs": [f"a short sentence, {number}"]})
+            rows.append(("after 200 one-text requests", rss_mb(pid), rollup_mb(pid)))
+            stop, done = threading.Event(), [0]
+            clients = [
+                threading.Thread(target=_load, args=(server.url, stop, seed, done), daemon=True)
+                for seed in range(args.load_clients)
+            ]
+            for client_thread in clients:
+                client_thread.start()
+            stop.wait(10.0)  # the load runs meanwhile: readings at 10 s and 60 s
+            at_10 = rss_mb(pid)
+            rows.append(("after 10 s of load", at_10, rollup_mb(pid)))
+            stop.wait(50.0)
+            at_60 = rss_mb(pid)
+            rows.append(("after 60 s of load", at_60, rollup_mb(pid)))
+            stop.set()
+            for client_thread in clients:
+                client_thread.join()
+            startup_s = server.startup_s
+    print("| after a prepared start | server process RSS MB | of which |")
+    print("|---|---|---|")
+    for name, mb, parts in rows:
+        print(f"| {name} | {mb:.0f} | {parts} |")
+    growth = (at_60 - at_10) / at_10 * 100 if at_10 else 0.0
+    after_requests = rows[1][1]
+    print(
+        f"--prepare {prepare_s:.1f} s, ready {startup_s:.1f} s after launch; after 200 "
+        f"requests {after_requests:.0f} MB (target 350, goal 300); growth 10 s -> 60 s of load "
+        f"{growth:+.1f}% (target < 5%), {done[0]} requests from {args.load_clients} clients; "
+        f"server flags {args.server_arg or '-'}"
+    )
+    return 0 if after_requests <= 350 and growth < 5 else 1
 
 
 def idle(args: argparse.Namespace) -> None:

@@ -12,12 +12,14 @@ to cache and are skipped, with a line saying so.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import time
 from collections.abc import Sequence
 
 from batching.config import ModelConfig
+from batching.models.engines.table import decision_table
 from batching.models.protocol import load_model
 
 __all__ = ["prepare_models"]
@@ -34,7 +36,8 @@ def prepare_models(models: Sequence[ModelConfig]) -> list[str]:
             why = "runs its own code" if source.kind == "class" else "runs on torch"
             logger.info("prepare: model %s %s: nothing to cache", config.name, why)
             continue
-        options = config.engine_options
+        # Every variant measured now (not a safe one served while they are measured).
+        options = dataclasses.replace(config.engine_options, quick_start=False)
         for device in dict.fromkeys(config.devices):
             started = time.perf_counter()
             logger.info(
@@ -63,6 +66,8 @@ def prepare_models(models: Sequence[ModelConfig]) -> list[str]:
                 if engine.get("busy")
                 else "",
             )
+            if engine.get("measurements"):
+                print("\n".join(decision_table(engine)), flush=True)
             del model
             gc.collect()
     return failures

@@ -10,6 +10,7 @@ import pytest
 
 from batching import create_app
 from tests.support.servers import running
+from tests.support.tolerance import ENGINE_COSINE
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -46,16 +47,18 @@ async def test_the_default_model_serves_sentence_transformers_embeddings() -> No
     cosine = (vectors * reference).sum(axis=1) / (
         np.linalg.norm(vectors, axis=1) * np.linalg.norm(reference, axis=1)
     )
-    assert cosine.min() >= 0.9999
+    assert cosine.min() >= ENGINE_COSINE
     rows = [np.array(plain.json()["outputs"][0])]
     rows += [np.array(response.json()["outputs"][0]) for response in concurrent]
     expected = [reference[0]] + [reference[index % 4] for index in range(len(concurrent))]
     for row, want in zip(rows, expected, strict=True):
-        assert float(row @ want) >= 0.9999  # unit vectors: the dot product is the cosine
+        assert float(row @ want) >= ENGINE_COSINE  # unit vectors: the dot is the cosine
     assert metadata["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [-1, 384]}]
     engine = metadata["engine"]
     measured = {m["engine"] + "-" + m["precision"] for m in engine["measurements"]}
-    assert "torch-fp32" in measured  # auto weighed every installed variant against it
+    # A first start serves a safe variant at once (checked against torch fp32, measured in the
+    # background); a cached one weighed every installed variant against torch fp32.
+    assert engine["provisional"] or "torch-fp32" in measured
     assert engine["routes"][0]["batch_sizes"][0] == 1
     assert engine["routes"][-1]["batch_sizes"][1] == 32
     assert config["parameters"]["engine"] == {"string_value": engine["engine"]}

@@ -11,19 +11,28 @@ from load_test.soak import Mix, run_soak, summary
 from tests.loadtest.helpers import assert_png
 from tests.support.fake_server import FakeSettings, serve
 
+KINDS = {"small", "big", "mixed", "retry", "polite"}
+
 
 def test_a_short_soak_of_every_client_kind_reports_each_window() -> None:
     settings = FakeSettings(failures={3: 503}, failure_period=4)
+    duration = 1.2
     with serve(settings) as (url, _):
-        result = run_soak(
-            url,
-            Mix(small=2, big=1, mixed=1, retry=2, polite=1, slow=3, idle=3, big_items=64),
-            duration=1.2,
-            window=0.4,
-            server_pid=os.getpid(),
-        )
-    figures = summary(result)
-    assert {"small", "big", "mixed", "retry", "polite"} <= set(figures["kinds"])
+        while True:
+            result = run_soak(
+                url,
+                Mix(small=2, big=1, mixed=1, retry=2, polite=1, slow=3, idle=3, big_items=64),
+                duration=duration,
+                window=duration / 3,
+                server_pid=os.getpid(),
+            )
+            figures = summary(result)
+            # Until every kind was answered (a busy machine schedules some clients late):
+            # a state, not a time budget; pytest's timeout bounds it.
+            if KINDS <= set(figures["kinds"]) and figures["kinds"]["retry"]["refused"] > 0:
+                break
+            duration *= 2
+    assert KINDS <= set(figures["kinds"])
     assert figures["kinds"]["retry"]["refused"] > 0  # every fourth arrival is a 503
     assert figures["kinds"]["big"]["ok"] > 0
     assert len(result.windows) >= 3

@@ -17,10 +17,12 @@ The rule:
   cross, provided the second one adds at most :data:`SECOND_ENGINE_MAX_MB` of memory; if it
   costs more, the variant whose worst size is closest to the best is kept alone.
 
-Measurements taken while other processes kept the cores busy (:func:`others_cores` at least
-:data:`BUSY_CORES`) are marked so (``Decision.busy_cores``): the decision serves, and
-:class:`RetakeRule` says when to measure again (once the server has been idle a while), until
-a quiet measurement replaces it.
+The rates are those at the lengths traffic has (:mod:`.lengths`), timed interleaved
+(:mod:`.interleave`). A decision whose timings other processes disturbed by more than its
+margin allows (``Decision.disturbed``), or one made before the variants were timed
+(``Decision.provisional``: the first start serves a safe variant at once), is ``busy``: it
+serves, and :class:`RetakeRule` says when to measure again (once the server has been idle a
+while on a quiet machine), until a settled measurement replaces it.
 """
 
 from __future__ import annotations
@@ -89,6 +91,10 @@ class Measurement:
     accuracy_text: str = ""
     memory_mb: float | None = None
     error: str | None = None
+    #: tokens -> batch size -> items per second, at each length timed (:mod:`.lengths`).
+    by_length: Mapping[int, Mapping[int, float]] = field(default_factory=dict)
+    #: The cores other processes used while this variant was timed (None: not known).
+    busy_cores: float | None = None
 
     @property
     def name(self) -> str:
@@ -108,6 +114,11 @@ class Measurement:
             "accuracy_text": self.accuracy_text,
             "memory_mb": None if self.memory_mb is None else round(self.memory_mb, 1),
             "error": self.error,
+            "items_per_s_by_tokens": {
+                str(tokens): {str(size): round(rate, 1) for size, rate in rates.items()}
+                for tokens, rates in self.by_length.items()
+            },
+            "busy_cores": None if self.busy_cores is None else round(self.busy_cores, 3),
         }
 
     @classmethod
@@ -121,6 +132,11 @@ class Measurement:
             accuracy_text=str(data.get("accuracy_text", "")),
             memory_mb=None if data.get("memory_mb") is None else float(data["memory_mb"]),
             error=None if data.get("error") is None else str(data["error"]),
+            by_length={
+                int(tokens): {int(size): float(rate) for size, rate in rates.items()}
+                for tokens, rates in data.get("items_per_s_by_tokens", {}).items()
+            },
+            busy_cores=None if data.get("busy_cores") is None else float(data["busy_cores"]),
         )
 
 
@@ -159,10 +175,19 @@ class Decision:
     measurements: tuple[Measurement, ...] = ()
     #: The cores other processes used while the variants were timed (None: not known).
     busy_cores: float | None = None
+    #: Whether that disturbance exceeded what the winners' margins allow (None: not judged,
+    #: a decision of an older cache: then :data:`BUSY_CORES` or more is disturbed).
+    disturbed: bool | None = None
+    #: Chosen before the variants were timed (a first start serving a safe variant at once).
+    provisional: bool = False
 
     @property
     def busy(self) -> bool:
-        """Measured while other work took :data:`BUSY_CORES` or more: to be retaken."""
+        """Not settled: provisional, or disturbed beyond its margins; to be measured again."""
+        if self.provisional:
+            return True
+        if self.disturbed is not None:
+            return self.disturbed
         return self.busy_cores is not None and self.busy_cores >= BUSY_CORES
 
     @property
@@ -182,9 +207,7 @@ class Decision:
     def describe(self) -> str:
         """The choice as one log line shows it."""
         routes = ", ".join(
-            f"{route.engine} {route.precision} for batches {route.first}-{route.last}"
-            if len(self.routes) > 1
-            else f"{route.engine} {route.precision}"
+            f"{route.engine} {route.precision} for batches of {route.first}-{route.last}"
             for route in self.routes
         )
         return f"{routes} ({self.reason})"
@@ -197,6 +220,8 @@ class Decision:
             "reason": self.reason,
             "measurements": [measurement.to_json() for measurement in self.measurements],
             "busy_cores": None if self.busy_cores is None else round(self.busy_cores, 3),
+            "disturbed": self.disturbed,
+            "provisional": self.provisional,
             "busy": self.busy,
         }
 
@@ -207,6 +232,8 @@ class Decision:
             reason=str(data["reason"]),
             measurements=tuple(Measurement.from_json(m) for m in data.get("measurements", [])),
             busy_cores=None if data.get("busy_cores") is None else float(data["busy_cores"]),
+            disturbed=None if data.get("disturbed") is None else bool(data["disturbed"]),
+            provisional=bool(data.get("provisional", False)),
         )
 
 

@@ -2,10 +2,9 @@
 runner that keeps buffers sized for its largest batch releases them (OpenVINO's
 ``CompiledModel.release_memory``: a batch of 32 texts of 256 tokens leaves ~150 MB of
 activations behind), and glibc returns the freed pages to the system (``malloc_trim``). The
-next batch allocates again, which costs milliseconds once, after an idle spell. After
-:data:`SPARE_IDLE_S` seconds, the compiled copies the thread governor built for its other
-thread counts are dropped too (~120 MB each); its next try of such a count compiles it again
-from the blob cache (under a second, once).
+next batch allocates again, which costs milliseconds once, after an idle spell. The padded
+lengths served are written beside the engine cache then (:mod:`.lengths`), for the next
+measurement to time at.
 
 A runner is never released while it runs: the plan holds its ``running`` lock around every
 batch, and the release only takes it when free.
@@ -24,14 +23,12 @@ from collections.abc import Callable
 from .plan import EnginePlan
 from .polling import poll
 
-__all__ = ["IDLE_S", "SPARE_IDLE_S", "IdleRelease", "trim_heap"]
+__all__ = ["IDLE_S", "IdleRelease", "trim_heap"]
 
 logger = logging.getLogger("batching.engines")
 
 #: Seconds without a batch before the buffers are released.
 IDLE_S = 5.0
-#: ... and before the copies for other thread counts are dropped.
-SPARE_IDLE_S = 60.0
 #: How often the thread looks.
 POLL_S = 1.0
 
@@ -62,12 +59,9 @@ class IdleRelease:
         idle_s: float = IDLE_S,
         clock: Callable[[], float] = time.monotonic,
         trim: Callable[[], None] = trim_heap,
-        spare_idle_s: float = SPARE_IDLE_S,
     ) -> None:
         self._plan = weakref.ref(plan)
         self.idle_s = idle_s
-        self.spare_idle_s = spare_idle_s
-        self._dropped_at: float | None = None
         self.clock = clock
         self.trim = trim
         self._released_at: float | None = None  # the plan's last batch when last released
@@ -83,9 +77,8 @@ class IdleRelease:
         if self._released_at != last and idle >= self.idle_s and plan.release_memory():
             self._released_at = last
             self.trim()
-        if self._dropped_at != last and idle >= self.spare_idle_s and plan.drop_spare_runners():
-            self._dropped_at = last
-            self.trim()
+            if plan.lengths.changed and plan.cache_folder is not None:
+                plan.lengths.save(plan.cache_folder)
         return True
 
     def start(self) -> threading.Thread:

@@ -105,6 +105,9 @@ class EngineOptions:
     :param apart: export, check and time in a child process that exits (so that this process
         imports torch only if torch computes), and retake measurements taken on a busy
         machine once the server is idle: what the server does; False measures in-process.
+    :param quick_start: with ``apart``, a start that finds nothing in the cache serves a safe
+        variant at once and measures the others in the background (:mod:`.quick`); False
+        (``--prepare``) measures them before the load ends.
     """
 
     engine: str = "auto"
@@ -113,6 +116,7 @@ class EngineOptions:
     batch_sizes: tuple[int, ...] = (1, 32)
     model_name: str = "model"
     apart: bool = False
+    quick_start: bool = True
 
     @property
     def cache_path(self) -> Path:

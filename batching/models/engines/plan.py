@@ -11,6 +11,7 @@ from typing import Any
 from .cores import CORES
 from .decision import Decision
 from .governor import ThreadGovernor
+from .lengths import TrafficLengths
 
 __all__ = ["EnginePlan", "Runner"]
 
@@ -25,9 +26,9 @@ class EnginePlan:
 
     With :meth:`adapt_threads`, each variant also has a runner per thread count, and a
     :class:`~.governor.ThreadGovernor` picks which one runs each batch from how long the
-    batches took: the whole thread budget on quiet cores, fewer beside other work. A runner
-    for another count than the first is built when the governor first picks it (a compiled
-    copy costs memory; a machine where the governor never tries it never pays it).
+    batches took: the whole thread budget on quiet cores, fewer beside other work. Every
+    count's runner is built by :meth:`adapt_threads`, during the load: nothing is compiled
+    while the server serves (the engines share the weights between them where they can).
 
     :meth:`replace` swaps in another decision and its runners (a retaken measurement) between
     two batches.
@@ -62,6 +63,8 @@ class EnginePlan:
         self.notes: dict[str, Any] = {}
         #: The engine cache's folder of this model (None: torch alone, no cache).
         self.cache_folder: Path | None = None
+        #: The padded lengths of the batches served (the next measurement times at them).
+        self.lengths = TrafficLengths()
 
     def replace(self, other: EnginePlan) -> None:
         """Serve with ``other``'s decision and runners from the next batch on (its thread
@@ -85,13 +88,13 @@ class EnginePlan:
         clock: Callable[[], float] = time.perf_counter,
         ran: Callable[[int, float], None] | None = None,
     ) -> None:
-        """Give every variant a runner per thread count of ``governor`` (``build(name, n)``:
-        now for the first count, on first use for the others) and let the governor pick
-        among them per batch, timed with ``clock``; ``ran(threads, seconds)`` hears of every
-        batch (the meter of other work the governor asks, which must not count the batches'
-        own threads)."""
-        first = governor.choices[0]
-        self._threaded = [{first: build(name, first)} for name in self._names]
+        """Give every variant a runner per thread count of ``governor`` (``build(name, n)``,
+        all now) and let the governor pick among them per batch, timed with ``clock``;
+        ``ran(threads, seconds)`` hears of every batch (the meter of other work the governor
+        asks, which must not count the batches' own threads)."""
+        self._threaded = [
+            {count: build(name, count) for count in governor.choices} for name in self._names
+        ]
         self._build = build
         self.governor = governor
         self._clock = clock
@@ -121,36 +124,19 @@ class EnginePlan:
         with self.running:
             try:
                 if governor is None:
+                    self.lengths.add(size, _tokens(inputs, size) // max(size, 1))
                     return routes[index][1](inputs)
                 started = self._clock()
                 output = runner(inputs)
                 seconds = self._clock() - started
-                governor.observe(size, _tokens(inputs, size), threads, seconds)
+                tokens = _tokens(inputs, size)
+                governor.observe(size, tokens, threads, seconds)
+                self.lengths.add(size, tokens // max(size, 1))
                 if self._ran is not None:
                     self._ran(threads, seconds)
                 return output
             finally:
                 self.last_batch_at = time.monotonic()
-
-    def drop_spare_runners(self) -> bool:
-        """Drop the runners of thread counts that no batch size runs on between tries (a
-        compiled copy each, ~120 MB for the default model on OpenVINO); the governor's next
-        try of such a count builds it again (unless a batch is running: then nothing, and
-        False). The first count's runner is always kept."""
-        if self._build is None:
-            return True
-        if not self.running.acquire(blocking=False):
-            return False
-        try:
-            with self._swap:
-                assert self.governor is not None
-                keep = {self.governor.choices[0], *self.governor.in_use()}
-                for counts in self._threaded:
-                    for count in [count for count in counts if count not in keep]:
-                        del counts[count]
-            return True
-        finally:
-            self.running.release()
 
     def release_memory(self) -> bool:
         """Let every runner that can give back the buffers its batches left (unless a batch

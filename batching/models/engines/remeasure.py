@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Callable
 
 from ..loading import LOADING
-from .decision import RetakeRule, others_cores
+from .decision import BUSY_CORES, RetakeRule, others_cores
 from .measure import cpu_seconds
 from .plan import EnginePlan
 from .polling import poll
@@ -25,6 +25,9 @@ logger = logging.getLogger("batching.engines")
 
 #: How often the thread looks at the plan's idle time.
 POLL_S = 5.0
+#: Other processes must have left the cores quiet this long before a retake: a machine
+#: between two bursts of other work is not quiet.
+QUIET_S = 10.0
 
 
 class Retaker:
@@ -35,6 +38,7 @@ class Retaker:
         the same clock.
     :param load: the machine's and this process's CPU seconds (:func:`~.measure.cpu_seconds`),
         read at each step: whether other processes keep the cores busy now.
+    :param quiet_s: how long they must have left the cores quiet (:data:`QUIET_S`).
     """
 
     def __init__(
@@ -44,6 +48,7 @@ class Retaker:
         rule: RetakeRule | None = None,
         clock: Callable[[], float] = time.monotonic,
         load: Callable[[], tuple[float, float]] = cpu_seconds,
+        quiet_s: float = QUIET_S,
     ) -> None:
         self._plan = weakref.ref(plan)
         self.remeasure = remeasure
@@ -52,6 +57,8 @@ class Retaker:
         self.load = load
         self.stopped = threading.Event()
         self._last = (clock(), *load())
+        self._quiet_since: float | None = None
+        self.quiet_s = quiet_s
 
     def step(self) -> bool:
         """Retake now if it is due; whether there is anything left to do."""
@@ -62,6 +69,12 @@ class Retaker:
         then, machine_then, own_then = self._last
         self._last = (now, machine, own)
         others = others_cores(machine - machine_then, own - own_then, now - then)
+        if others >= BUSY_CORES:
+            self._quiet_since = None
+        elif self._quiet_since is None:
+            self._quiet_since = then
+        if self._quiet_since is None or now - self._quiet_since < self.quiet_s:
+            others = max(others, BUSY_CORES)  # not quiet for long enough yet
         if not self.rule.due(True, now, plan.last_batch_at, others):
             return True
         before = plan.decision

@@ -27,21 +27,27 @@ from typing import Any
 
 from .cache import EngineCache
 from .contention import Contention
-from .decision import REFERENCE, Decision, Route
+from .decision import REFERENCE, Decision, RetakeRule, Route
 from .governor import ThreadGovernor, thread_choices
 from .idle import IdleRelease
 from .job import EngineJob
+from .lengths import TrafficLengths
 from .measuring_child import ApartFailed
 from .options import ADAPTIVE_THREADS_VARIABLE, thread_budget
 from .plan import EnginePlan, Runner
+from .quick import provisional_choice
 from .remeasure import Retaker
 from .shared import shared_runner
 from .trials import measure_and_decide
 from .variants import build_runner, candidates
 
-__all__ = ["measure_engines", "select_engine"]
+__all__ = ["PROVISIONAL_IDLE_S", "measure_engines", "select_engine"]
 
 logger = logging.getLogger("batching.engines")
+
+#: A provisional decision (a first start serving a safe variant) is measured once the server
+#: has run no batch for this long on a quiet machine.
+PROVISIONAL_IDLE_S = 2.0
 
 
 def select_engine(job: EngineJob) -> EnginePlan:
@@ -63,37 +69,68 @@ def select_engine(job: EngineJob) -> EnginePlan:
         return only
     started = time.perf_counter()
     cache, setup = _cache_of(job)
+    measured_now = False
     with cache.locked():
         plan = _reuse(job, cache, setup)
     if plan is None and job.measure_apart is not None:
-        try:
-            job.measure_apart(False)
-        except ApartFailed as exc:
-            logger.warning("model %s: %s; measuring here", options.model_name, exc)
+        measured_now = _measure_apart(job, force=False)
         with cache.locked():
             plan = _reuse(job, cache, setup)
+    if (
+        plan is not None
+        and plan.decision.busy
+        and not options.quick_start
+        and job.measure_apart is not None
+    ):
+        # --prepare: a provisional or disturbed decision is measured again now.
+        measured_now = _measure_apart(job, force=True)
+        with cache.locked():
+            plan = _reuse(job, cache, setup) or plan
     if plan is None:
         with cache.locked():
-            plan = _reuse(job, cache, setup) or measure_and_decide(job, cache, variants, setup)
+            plan = _reuse(job, cache, setup)
+            if plan is None:
+                plan = measure_and_decide(job, cache, variants, setup)
+                measured_now = True
+    plan.lengths = TrafficLengths.load(cache.folder)
     _adapt_threads(plan, job, cache, plan.runners)
     logger.info(
         "model %s: engine %s%s (%.1fs)",
         options.model_name,
         plan.decision.describe(),
-        f"; measured earlier, reused from {plan.reused}" if plan.reused else "",
+        "; measured now"
+        if measured_now
+        else f"; measured earlier, reused from {plan.reused}"
+        if plan.reused
+        else "",
         time.perf_counter() - started,
     )
     if job.measure_apart is not None:
         IdleRelease(plan).start()
     if plan.decision.busy and job.measure_apart is not None:
-        logger.info(
-            "model %s: measured while other processes used %.1f cores: measuring again once "
-            "the server has been idle",
-            options.model_name,
-            plan.decision.busy_cores or 0.0,
-        )
-        Retaker(plan, functools.partial(_retake, job, cache, setup)).start()
+        if plan.decision.provisional:
+            rule = RetakeRule(first_idle_s=PROVISIONAL_IDLE_S)
+        else:
+            rule = RetakeRule()
+            logger.info(
+                "model %s: measured while other processes used %.1f cores, more than the "
+                "margins allow: measuring again once the machine is quiet",
+                options.model_name,
+                plan.decision.busy_cores or 0.0,
+            )
+        Retaker(plan, functools.partial(_retake, job, cache, setup), rule).start()
     return plan
+
+
+def _measure_apart(job: EngineJob, force: bool) -> bool:
+    """Measure in the child process; whether it did (its failure is logged)."""
+    assert job.measure_apart is not None
+    try:
+        job.measure_apart(force)
+    except ApartFailed as exc:
+        logger.warning("model %s: %s; measuring here", job.options.model_name, exc)
+        return False
+    return True
 
 
 def measure_engines(job: EngineJob, force: bool = False) -> None:
@@ -102,9 +139,15 @@ def measure_engines(job: EngineJob, force: bool = False) -> None:
     gpu = job.device.startswith("cuda")
     variants = candidates(job.options, gpu=gpu, measurable=job.measure is not None)
     cache, setup = _cache_of(job)
+    options = job.options
     with cache.locked():
-        if force or cache.decision(setup) is None:
-            measure_and_decide(job, cache, variants, setup)
+        if not force and cache.decision(setup) is not None:
+            return
+        # A choice to make (more than one variant) is made after the start, not before it.
+        quick = not force and options.apart and options.quick_start and len(variants) > 1
+        if quick and provisional_choice(job, cache, variants, setup):
+            return
+        measure_and_decide(job, cache, variants, setup)
 
 
 def _cache_of(job: EngineJob) -> tuple[EngineCache, dict[str, Any]]:
@@ -131,6 +174,8 @@ def _retake(job: EngineJob, cache: EngineCache, setup: dict[str, Any]) -> Engine
         plan = _reuse(job, cache, setup)
     if plan is not None:
         _adapt_threads(plan, job, cache, plan.runners)
+        for size in sorted(set(job.options.batch_sizes)):  # warm, before it serves
+            plan(job.sample(size))
     return plan
 
 
@@ -182,19 +227,17 @@ def _adapt_threads(
         if route.engine != "torch":
             if count == budget:
                 return runner
+            if getattr(runner, "model", None) is not None:
+                # The same weights, compiled for another thread count.
+                threaded: Runner = runner.on_threads(count)  # type: ignore[attr-defined]
+                return threaded
             assert cache is not None  # only torch variants are planned without a cache
-            logger.info(
-                "model %s: building %s on %d threads (the thread governor tries it)",
-                job.options.model_name,
-                name,
-                count,
-            )
             return build_runner(job, cache, route.engine, route.precision, None, threads=count)
         from . import torch_engine
 
         # torch variants share one model: the thread count is set per call.
-        threaded: Runner = torch_engine.on_threads(runner, count)
-        return threaded
+        shared: Runner = torch_engine.on_threads(runner, count)
+        return shared
 
     contention = Contention.for_budget(budget)
     governor = ThreadGovernor(choices, contention.others if contention is not None else None)

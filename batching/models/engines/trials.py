@@ -1,7 +1,9 @@
 """The trials of an engine choice, during a load that finds no decision in the cache: every
-variant the options allow built, checked against torch fp32 on the calibration batches, timed
-at the batch sizes the server runs and its memory noted; then :func:`~.decision.decide` picks,
-and the decision (with what the measuring learnt) is saved in the cache."""
+variant the options allow built, checked against torch fp32 on the calibration batches and its
+memory noted; the survivors timed side by side (:mod:`.interleave`) at the batch sizes the
+server runs and the lengths its traffic has (:mod:`.lengths`); then :func:`~.decision.decide`
+picks, and the decision (with what the measuring learnt, and whether other processes disturbed
+the timings beyond its margins) is saved in the cache."""
 
 from __future__ import annotations
 
@@ -15,10 +17,12 @@ import numpy as np
 
 from .accuracy import compare
 from .cache import EngineCache, ExportFailed
-from .decision import REFERENCE, Decision, Measurement, Route, decide, others_cores, variant_name
+from .decision import REFERENCE, Decision, Measurement, Route, decide, variant_name
+from .interleave import Timings, disturbed, time_interleaved
 from .job import EngineJob
-from .measure import cpu_seconds, grown_mb, items_per_second, resident_mb
-from .options import EngineOptions
+from .lengths import TrafficLengths, combined_rate, shorter, timing_lengths, weights
+from .measure import grown_mb, items_per_second, resident_mb
+from .options import EngineOptions, thread_budget
 from .plan import EnginePlan, Runner
 from .variants import build_runner, export_folder
 
@@ -48,7 +52,6 @@ def measure_and_decide(
             export_folder(job, cache)
         except ExportFailed as exc:
             export_error = f"export failed: {exc}"
-    timing_started, machine_started, own_started = time.monotonic(), *cpu_seconds()
     before = resident_mb()
     reference = job.load_reference()
     reference_mb = job.reference_mb if job.reference_mb is not None else grown_mb(before)
@@ -57,13 +60,14 @@ def measure_and_decide(
     expected = np.concatenate([job.view(reference_runner(batch), batch) for batch in calibration])
     logger.info(
         "model %s: checking %s against torch fp32 on %d calibration inputs, then timing "
-        "them at batch sizes %s",
+        "them side by side at batch sizes %s",
         name,
         ", ".join(variant_name(*variant) for variant in variants),
         len(expected),
         "/".join(str(size) for size in sizes),
     )
     measurements: list[Measurement] = []
+    checked: dict[str, Measurement] = {}
     runners: dict[str, Runner] = {}
     fastest: tuple[str, float] | None = None  # at the smallest batch size, so far
     timing_order = sorted(variants, key=lambda v: (_TIMING_ORDER.get(v[0], 9), v[1] != "bf16"))
@@ -126,39 +130,48 @@ def measure_and_decide(
                 )
             )
             continue
-        rates: dict[int, float] = {smallest: first_rate}
         if fastest is None or first_rate > fastest[1]:
             fastest = (variant, first_rate)
-        for size in sizes[1:]:
-            batch = job.sample(size)
-            rates[size] = items_per_second(functools.partial(runner, batch), size)
         memory = reference_mb if variant == REFERENCE else grown_mb(before)
-        measurements.append(
-            Measurement(
-                engine,
-                precision,
-                items_per_s=rates,
-                accuracy=accuracy.figure,
-                accuracy_text=accuracy.text,
-                memory_mb=memory,
-            )
+        checked[variant] = Measurement(
+            engine,
+            precision,
+            accuracy=accuracy.figure,
+            accuracy_text=accuracy.text,
+            memory_mb=memory,
         )
         runners[variant] = runner
+    seen = TrafficLengths.load(cache.folder)
+    longest = _tokens(job.sample(sizes[0]))
+    lengths = timing_lengths(longest, seen)
+    weighting = weights(lengths, seen)
+    batches = {
+        (size, tokens): shorter(sample, tokens)
+        for size in sizes
+        for sample in [job.sample(size)]
+        for tokens in lengths
+    }
+    timings = time_interleaved(runners, batches)
+    for variant, found in checked.items():
+        measurements.append(_timed(found, timings, sizes, lengths, weighting))
         logger.info(
-            "model %s: %s %s, %s items/s at batch %s, +%s MB",
+            "model %s: %s %s, %s items/s at batch %s (%s tokens: %s), +%s MB",
             name,
             variant,
-            accuracy.text,
-            "/".join(f"{rate:.0f}" for rate in rates.values()),
-            "/".join(str(size) for size in rates),
-            "?" if memory is None else f"{memory:.0f}",
+            found.accuracy_text,
+            "/".join(f"{rate:.0f}" for rate in measurements[-1].items_per_s.values()),
+            "/".join(str(size) for size in sizes),
+            "/".join(str(tokens) for tokens in lengths),
+            ", ".join(f"{weighting[tokens]:.0%}" for tokens in lengths),
+            "?" if found.memory_mb is None else f"{found.memory_mb:.0f}",
         )
     measurements.sort(key=lambda m: variants.index((m.engine, m.precision)))
-    machine, own = cpu_seconds()
-    busy = others_cores(
-        machine - machine_started, own - own_started, time.monotonic() - timing_started
+    others = {size: timings.others_at(size) for size in sizes}
+    decision = dataclasses.replace(
+        _decide(measurements, max(sizes), options),
+        busy_cores=timings.others_overall(),
+        disturbed=disturbed(measurements, others, thread_budget()),
     )
-    decision = dataclasses.replace(_decide(measurements, max(sizes), options), busy_cores=busy)
     plan = EnginePlan(decision, {**runners, REFERENCE: reference_runner})
     notes: dict[str, Any] = {"measured_at": time.time()}
     if job.check_tokenizer is not None:
@@ -168,12 +181,41 @@ def measure_and_decide(
     cache.save_decision(setup, {"decision": decision.to_json(), **notes})
     if decision.busy:
         logger.info(
-            "model %s: other processes used %.1f cores while the variants were timed: the "
-            "measurements are marked busy",
+            "model %s: other processes used up to %.1f cores while the variants were timed, "
+            "more than the winners' margins allow: the decision serves for now and is "
+            "measured again once the machine is quiet",
             name,
-            busy,
+            max(others.values(), default=0.0),
         )
     return plan
+
+
+def _tokens(batch: Any) -> int:
+    ids = next(iter(batch.values()))
+    shape = getattr(ids, "shape", None)
+    return int(shape[1]) if shape is not None and len(shape) == 2 else 1
+
+
+def _timed(
+    found: Measurement,
+    timings: Timings,
+    sizes: list[int],
+    lengths: tuple[int, ...],
+    weighting: dict[int, float],
+) -> Measurement:
+    """``found`` with its rates: per length, and combined at the traffic's lengths."""
+    rates = timings.rates[found.name]
+    by_length = {tokens: {size: rates[(size, tokens)] for size in sizes} for tokens in lengths}
+    combined = {
+        size: combined_rate({tokens: by_length[tokens][size] for tokens in lengths}, weighting)
+        for size in sizes
+    }
+    return dataclasses.replace(
+        found,
+        items_per_s=combined,
+        by_length=by_length,
+        busy_cores=timings.others_overall(),
+    )
 
 
 def _decide(measurements: list[Measurement], cap: int, options: EngineOptions) -> Decision:

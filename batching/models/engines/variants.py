@@ -4,6 +4,7 @@ export (made once, into the cache) for the engines other than torch."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from .options import EngineOptions, installed, thread_budget
 from .plan import Runner
 from .shared import shared_runner
 
-__all__ = ["build_runner", "candidates", "export_folder"]
+__all__ = ["build_runner", "candidates", "export_folder", "max_tokens"]
 
 logger = logging.getLogger("batching.engines")
 
@@ -78,15 +79,34 @@ def build_runner(
         if engine == "openvino":
             from .openvino_engine import OpenVinoRunner
 
-            # One blob cache per precision and thread count: OpenVINO 2026.4 crashed (double
-            # free) compiling bf16 from a folder that held the f32 blob of the same graph.
+            # A measurement's variants compile through a blob cache (one per precision and
+            # thread count: OpenVINO 2026.4 crashed, double free, compiling bf16 from a folder
+            # that held the f32 blob of the same graph); a serving runner reads the graph
+            # once, so its other thread counts share the weights.
             blobs = cache.folder / "openvino" / f"{precision}-{count}threads"
-            return OpenVinoRunner(folder / PLAIN, precision, count, blobs)
+            return OpenVinoRunner(
+                folder / PLAIN,
+                precision,
+                count,
+                blobs if reference is not None else None,
+                max_tokens(job.folder),
+            )
         raise ValueError(f"unknown engine {engine!r}")
 
     if reference is None:
         return shared_runner((str(cache.folder), engine, precision, count, job.device), build)
     return build()
+
+
+def max_tokens(folder: Path) -> int | None:
+    """The longest input an engine may pad to: the largest power of two within the model's
+    position table (``max_position_embeddings``: 512 for BERT, 514 for RoBERTa), or None."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        positions = int(config["max_position_embeddings"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return 1 << (positions.bit_length() - 1) if positions > 0 else None
 
 
 def export_folder(job: EngineJob, cache: EngineCache) -> Path:

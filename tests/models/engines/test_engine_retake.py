@@ -130,6 +130,7 @@ def test_a_retake_that_keeps_the_choice_keeps_the_runners() -> None:
         RetakeRule(1, 1, 10),
         clock=lambda: 100.0,
         load=lambda: (0.0, 0.0),
+        quiet_s=0.0,
     )
     assert retaker.step() is False
     assert plan.decision is same
@@ -161,32 +162,36 @@ def test_idle_buffers_are_released_once_per_idle_spell_and_never_mid_batch() -> 
     assert runner.released == 2 and trims == [5.0, 66.0]
 
 
-def test_copies_for_other_thread_counts_are_dropped_after_a_long_idle_spell() -> None:
-    built: list[int] = []
+def test_a_retake_waits_until_the_machine_has_been_quiet_for_a_while() -> None:
+    busy = decide(measured(openvino=50, torch=30), 32)
+    busy = Decision(busy.routes, busy.reason, busy.measurements, busy_cores=1.0, disturbed=True)
+    plan = EnginePlan(busy, {"openvino-bf16": Runner("openvino-bf16")})
+    plan.last_batch_at = 0.0
+    now, machine, retakes = [100.0], [0.0], []
 
-    def build(name: str, count: int) -> Runner:
-        built.append(count)
-        return Runner(f"{name}-{count}")
+    def remeasure() -> EnginePlan:
+        retakes.append(now[0])
+        return EnginePlan(Decision(busy.routes, "quiet", disturbed=False), plan.runners)
 
-    plan = EnginePlan(decide(measured(50, 30), 32), {"openvino-bf16": Runner("openvino-bf16")})
-    ticks = iter(range(10**6))  # every batch takes one tick: two threads stay the choice
-    plan.adapt_threads(ThreadGovernor((2, 1)), build, clock=lambda: float(next(ticks)))
-    for _ in range(10):  # the governor tries one thread: its copy is built
-        plan(BATCH)
-    assert built == [2, 1]
-    now = [plan.last_batch_at + 10]
-    keeper = IdleRelease(plan, idle_s=5, spare_idle_s=60, clock=lambda: now[0], trim=lambda: None)
-    keeper.step()
-    assert plan._threaded[0].keys() == {2, 1}  # buffers released, copies kept
-    now[0] += 60
-    keeper.step()
-    assert plan._threaded[0].keys() == {2}
-    for _ in range(300):  # the next try of one thread builds it again
-        plan(BATCH)
-    assert built == [2, 1, 1]
+    retaker = Retaker(
+        plan, remeasure, RetakeRule(1, 1, 10), clock=lambda: now[0], load=lambda: (machine[0], 0)
+    )
+    for t, others in ((105, 5.0), (110, 0.0), (115, 5.0), (120, 0.0), (125, 0.0), (130, 0.0)):
+        now[0], machine[0] = float(t), machine[0] + others
+        retaker.step()
+    # Quiet from 115 on (the window 115-120 was the first quiet one): due 10 s later.
+    assert retakes == [125.0]
 
 
-def test_a_second_thread_count_is_built_only_when_the_governor_tries_it() -> None:
+def test_a_provisional_decision_is_busy_until_measured_and_survives_the_cache() -> None:
+    served = Decision((Route("onnxruntime", "fp32", 1, 32),), "at once", provisional=True)
+    assert served.busy and Decision.from_json(served.to_json()).provisional
+    settled = Decision((Route("openvino", "fp32", 1, 32),), "x", busy_cores=0.9, disturbed=False)
+    assert not settled.busy  # disturbed less than its margins allow: kept
+    assert "for batches of 1-32" in settled.describe()
+
+
+def test_every_thread_count_is_built_during_the_load_not_while_serving() -> None:
     built: list[tuple[str, int]] = []
     runner = Runner("openvino-bf16")
 
@@ -196,10 +201,8 @@ def test_a_second_thread_count_is_built_only_when_the_governor_tries_it() -> Non
 
     plan = EnginePlan(decide(measured(50, 30), 32), {"openvino-bf16": runner})
     plan.adapt_threads(ThreadGovernor((2, 1)), build)
-    assert built == [("openvino-bf16", 2)]
-    for _ in range(7):  # the first batches stay on the first count
-        plan(BATCH)
-    assert built == [("openvino-bf16", 2)]
-    for _ in range(3):  # until the governor tries the other one
-        plan(BATCH)
     assert built == [("openvino-bf16", 2), ("openvino-bf16", 1)]
+    for _ in range(300):  # the governor tries one thread, and comes back: nothing built
+        plan(BATCH)
+    assert len(built) == 2
+    assert plan.lengths.counts == {4: 600}  # 300 batches of 2 items padded to 4 tokens
