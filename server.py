@@ -40,7 +40,7 @@ from batching.http.connections import protocol_class  # noqa: E402
 from batching.http.uvicorn_check import UvicornMismatch  # noqa: E402
 from batching.log_settings import LogSettings  # noqa: E402
 from batching.logs import configure_logging, uvicorn_log_config  # noqa: E402
-from batching.models.engines.options import ADAPTIVE_THREADS_VARIABLE  # noqa: E402
+from batching.models.engines.engine_options import ADAPTIVE_THREADS_VARIABLE  # noqa: E402
 from batching.runtime.allocator import tune_malloc  # noqa: E402
 from batching.runtime.collector import (  # noqa: E402
     release_unloaded_objects,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .config import BatchingConfig, ModelConfig
+from .core.batching_config import BatchingConfig
 from .errors import (
     BatchingError,
     ClientError,
@@ -22,6 +22,7 @@ from .errors import (
     Unavailable,
     UnprocessableInput,
 )
+from .model_config import ModelConfig
 from .models import DEFAULT_MODEL_NAME, Model, ModelBase, ModelSource
 
 if TYPE_CHECKING:

@@ -16,7 +16,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from batching.config import ModelConfig
 from batching.control import ControlOptions, ModelControl, OnFailure, StateCollector
 from batching.control import OnReady as OnInstanceReady
 from batching.core.events import BatchEvents
@@ -43,6 +42,7 @@ from batching.http.v2 import v2_routes
 from batching.keys import AccessKeys, ApiKeys
 from batching.log_settings import LogSettings
 from batching.metrics import Metrics
+from batching.model_config import ModelConfig
 from batching.models.default import DEFAULT_MODEL_NAME
 from batching.models.protocol import Model
 from batching.plane import DataPlane, Deployments
@@ -50,7 +50,7 @@ from batching.runtime.base import InstanceFactory
 from batching.runtime.deployment import Deployment
 from batching.runtime.warmup import InstanceInfo
 from batching.tls import CertificateFiles
-from batching.tracing.config import TracingConfig
+from batching.tracing.tracing_config import TracingConfig
 
 __all__ = ["ModelBuilder", "create_app", "default_model_builder"]
 

@@ -18,7 +18,7 @@ __all__ = [
     "Metrics",
     "ModelEvents",
     "ModelStatistics",
-    "Signals",
+    "ModelSignals",
     "autoscaling_signals",
 ]
 
@@ -251,7 +251,7 @@ class Metrics:
 
 
 @dataclass(frozen=True, slots=True)
-class Signals:
+class ModelSignals:
     """What an autoscaler reads about one model, derived from its counters at one instant."""
 
     #: Items per second the ready instances drain, at the measured rate of one instance.
@@ -269,14 +269,16 @@ def autoscaling_signals(
     busy_instances: int,
     ready_instances: int,
     per_instance: float,
-) -> Signals:
+) -> ModelSignals:
     """The derived signals. With no instance ready, the wait is priced at one instance (as
     admission prices Retry-After), so the gauge stays finite for an autoscaler to read."""
     capacity = per_instance * ready_instances
     rate = per_instance * max(1, ready_instances)
     expected_wait = (queued_items + running_items) / rate if rate > 0 else 0.0
     busy_ratio = busy_instances / ready_instances if ready_instances else 0.0
-    return Signals(capacity=capacity, expected_wait=expected_wait, busy_ratio=min(1.0, busy_ratio))
+    return ModelSignals(
+        capacity=capacity, expected_wait=expected_wait, busy_ratio=min(1.0, busy_ratio)
+    )
 
 
 @dataclass(slots=True)

@@ -53,7 +53,7 @@ INSTANT_MODEL = "tests.support.embedder:OptionEmbedder"
 ENGINE_SCRIPT = """
 import json, sys, time
 from batching.models.embedding.sentence import SentenceEmbedder
-from batching.models.engines.options import EngineOptions
+from batching.models.engines.engine_options import EngineOptions
 from benchmarks.serving import sentences
 model = SentenceEmbedder(engine=EngineOptions(model_name="all-MiniLM-L6-v2"))
 model.load("cpu")

@@ -3,7 +3,7 @@
 import os
 
 from batching import create_app
-from batching.tracing.config import tracing_config
+from batching.tracing.tracing_config import tracing_config
 
 endpoint = os.environ.get("OTLP_ENDPOINT", "http://127.0.0.1:4318")
 # --otlp-endpoint, --otlp-protocol, --trace-rate, and the OTEL_* variables to read

@@ -236,7 +236,7 @@ def light_app() -> Any:
     from prometheus_client import CollectorRegistry
 
     from batching.app import create_app
-    from batching.config import ModelConfig
+    from batching.model_config import ModelConfig
 
     return create_app(
         ModelConfig(name="model", source=LIGHT_MODEL), registry=CollectorRegistry(), grpc_port=0
@@ -347,7 +347,7 @@ def metrics() -> list[tuple[str, str, list[str], str]]:
     from prometheus_client import CollectorRegistry
 
     from batching.app import create_app
-    from batching.config import ModelConfig
+    from batching.model_config import ModelConfig
 
     registry = CollectorRegistry()
     create_app(ModelConfig(name="model", source=LIGHT_MODEL), registry=registry, grpc_port=0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from batching.core.config import BatchingConfig
+from batching.core.batching_config import BatchingConfig
 from batching.documents import listed
 from batching.errors import InvalidRequest
 from batching.models.items import EMBEDDING_KEY

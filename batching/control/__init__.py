@@ -2,8 +2,7 @@
 extension, and ``--model-control-mode poll``): :mod:`.loads` does it, :mod:`.options` is what
 the app is given for it, :mod:`.states` what the index and ``/metrics`` show of it."""
 
-from .loads import ModelControl
-from .options import (
+from .control_options import (
     MODES,
     ApplyOverrides,
     ControlOptions,
@@ -13,6 +12,7 @@ from .options import (
     ReadRepository,
     RepositoryEntry,
 )
+from .loads import ModelControl
 from .states import STATES, StateCollector, model_states
 
 __all__ = [

@@ -25,7 +25,6 @@ import logging
 from collections.abc import Coroutine, Hashable, Mapping, Sequence
 from typing import Any
 
-from batching.config import ModelConfig
 from batching.errors import (
     BatchingError,
     InvalidRequest,
@@ -34,12 +33,13 @@ from batching.errors import (
     PermissionDenied,
 )
 from batching.keys import AccessKeys
+from batching.model_config import ModelConfig
 from batching.plane import Deployments
 from batching.runtime.cpus import InstanceBudget
 from batching.runtime.deployment import Deployment
 from batching.runtime.warmup import InstanceInfo
 
-from .options import ControlOptions, MakeDeployment
+from .control_options import ControlOptions, MakeDeployment
 
 __all__ = ["ModelControl"]
 

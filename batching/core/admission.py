@@ -33,7 +33,7 @@ import random
 
 from batching.errors import Overloaded
 
-from .config import BatchingConfig
+from .batching_config import BatchingConfig
 from .events import BatchEvents
 
 __all__ = [

@@ -22,10 +22,10 @@ from typing import Generic
 from batching.errors import DeadlineExceeded, NotReady, PayloadTooLarge
 
 from .admission import Admission, Throughput
+from .batching_config import BatchingConfig
 from .bisection import run_bisecting
-from .config import BatchingConfig
 from .events import BatchEvents, BatchRun, NoEvents, RequestRun
-from .jobs import InstanceLost, ItemT, Job, Pending, Request, RunBatch
+from .jobs import InstanceLost, ItemT, Job, Pending, RunBatch, Submission
 from .line import Line
 from .packing import Batch, fill_by_length, fill_in_order, longest
 from .policy import BatchPolicy, Formation
@@ -37,7 +37,7 @@ __all__ = [
     "ItemT",
     "Job",
     "Pending",
-    "Request",
+    "Submission",
     "RunBatch",
 ]
 
@@ -161,7 +161,7 @@ class Batcher(Generic[ItemT]):
         now = self.admit(count, deadline=deadline)
         loop = asyncio.get_running_loop()
         future = Pending(loop=loop)
-        request: Request[ItemT] = Request(
+        request: Submission[ItemT] = Submission(
             items=items,
             tokens=tokens,
             future=future,
@@ -224,7 +224,7 @@ class Batcher(Generic[ItemT]):
             return False
         return True
 
-    def _report(self, request: Request[ItemT]) -> None:
+    def _report(self, request: Submission[ItemT]) -> None:
         """Tell the observer how a resolved request went; once per request."""
         if request.reported:
             return

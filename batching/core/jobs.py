@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-__all__ = ["InstanceLost", "ItemT", "Job", "Outputs", "Pending", "Request", "RunBatch"]
+__all__ = ["InstanceLost", "ItemT", "Job", "Outputs", "Pending", "Submission", "RunBatch"]
 
 #: The type of the items a batcher carries (the runtime's: the models' ``Item``).
 ItemT = TypeVar("ItemT")
@@ -46,7 +46,7 @@ class Pending(asyncio.Future[list[object]]):
 
 
 @dataclass(eq=False, slots=True)
-class Request(Generic[ItemT]):
+class Submission(Generic[ItemT]):
     """One caller's submission: its items, their results so far, and the future to resolve."""
 
     items: list[ItemT]
@@ -93,7 +93,7 @@ class Request(Generic[ItemT]):
 class Job(Generic[ItemT]):
     """A queue entry: the slice ``[start, stop)`` of one request's items."""
 
-    request: Request[ItemT]
+    request: Submission[ItemT]
     start: int
     stop: int
 

@@ -17,9 +17,9 @@ from importlib.metadata import PackageNotFoundError, version
 import orjson
 
 from batching.codecs.capability import max_seq_length
-from batching.config import ModelConfig
 from batching.control import model_states
 from batching.metrics import Duration, ModelEvents, ModelStatistics
+from batching.model_config import ModelConfig
 from batching.models.parameters import PARAMETERS_KEY
 from batching.models.protocol import MAX_SEQ_LENGTH_KEY, tensors_of
 from batching.plane import Deployments

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from .default import DEFAULT_MODEL_NAME, default_model_path
 from .embedding.prompts import PromptConfigError, PromptOptions, read_prompts
 from .embedding.splade import SPARSE_TASK, is_sparse_folder, read_layout
-from .engines.options import EngineOptions
+from .engines.engine_options import EngineOptions
 from .hub import HubError, HubId, Snapshot, fetch
 from .processors import check_processor
 from .protocol import Model

@@ -11,14 +11,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from batching.config import ModelConfig
 from batching.core.batcher import Batcher
 from batching.core.events import BatchEvents
 from batching.core.jobs import InstanceLost
 from batching.core.policy import BatchPolicy, FixedPolicy
 from batching.errors import NotReady
+from batching.model_config import ModelConfig
 from batching.models.engines.cores import CORES
-from batching.models.engines.options import ADAPTIVE_THREADS_VARIABLE
+from batching.models.engines.engine_options import ADAPTIVE_THREADS_VARIABLE
 from batching.models.items import Item
 from batching.models.loading import LOADING, Turn
 from batching.models.protocol import ModelHooks, hooks_of, tensors_of

@@ -18,8 +18,8 @@ import logging
 import time
 from collections.abc import Sequence
 
-from batching.config import ModelConfig
-from batching.models.engines.table import decision_table
+from batching.model_config import ModelConfig
+from batching.models.engines.decision_table import decision_table
 from batching.models.protocol import load_model
 
 __all__ = ["prepare_models"]

@@ -13,7 +13,7 @@ from itertools import cycle, islice
 
 import psutil
 
-from batching.config import ModelConfig
+from batching.model_config import ModelConfig
 from batching.models.items import Item
 from batching.models.parameters import (
     InvalidParameter,

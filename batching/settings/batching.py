@@ -1,13 +1,13 @@
 """The batching flags: how each model's requests are batched and admitted (the batch cap and
 window, preferred sizes, the token cap, the adaptive policy, the queue, the deadline), read
-into the core's :class:`~batching.core.config.BatchingConfig`. With ``--model-repository`` they
-are the defaults of the keys a model's ``config.toml`` leaves out."""
+into the core's :class:`~batching.core.batching_config.BatchingConfig`. With
+``--model-repository`` they are the defaults of the keys a model's ``config.toml`` leaves out."""
 
 from __future__ import annotations
 
 import argparse
 
-from batching.config import POLICIES, BatchingConfig
+from batching.model_config import POLICIES, BatchingConfig
 
 from .flags import Parser, one_line
 

@@ -15,13 +15,13 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from batching.config import ModelConfig
 from batching.control import ControlOptions
 from batching.http.limits import ConnectionLimits
 from batching.keys import ApiKeys
+from batching.model_config import ModelConfig
 from batching.runtime.cpus import CpuBudget, InstanceBudget, read_cpu_budget
 from batching.tls import TlsConfig
-from batching.tracing.config import TracingConfig
+from batching.tracing.tracing_config import TracingConfig
 
 from .batching import add_batching_flags, read_batching
 from .control import add_control_flags, read_control

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from batching.config import ModelConfig
 from batching.control import MODES, ControlOptions
+from batching.model_config import ModelConfig
 from batching.runtime.cpus import InstanceBudget
 
 from .flags import Parser, fail, one_line

@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypedDict
 
-from batching.config import ModelConfig
-from batching.models.engines.options import ENGINES, PRECISIONS, default_cache_dir
+from batching.model_config import ModelConfig
+from batching.models.engines.engine_options import ENGINES, PRECISIONS, default_cache_dir
 
 from .flags import Parser, one_line
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from batching.config import INSTANCE_KINDS, ModelConfig
+from batching.model_config import INSTANCE_KINDS, ModelConfig
 from batching.runtime.cpus import InstanceBudget
 
 from ._toml import MISSING, Table, is_int, show

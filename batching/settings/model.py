@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from batching.config import INSTANCE_KINDS, BatchingConfig, ModelConfig
+from batching.model_config import INSTANCE_KINDS, BatchingConfig, ModelConfig
 from batching.models.generation.prefix_cache import DEFAULT_PREFIX_CACHE_MB
 from batching.models.media import MediaLimits
 from batching.models.source import ModelSource

@@ -1,6 +1,6 @@
 """One model's table of the repository (a folder's ``config.toml``, a ``[models.<name>]`` table
 of a repository file, or a load call's ``config``): every key checked as it is read
-(``docs/model-repository.md``), into a :class:`~batching.config.ModelConfig`. A bad key is a
+(``docs/model-repository.md``), into a :class:`~batching.model_config.ModelConfig`. A bad key is a
 :class:`RepositoryError` naming the file and the dotted key; an unknown one too."""
 
 from __future__ import annotations
@@ -10,20 +10,20 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from batching.config import (
+from batching.core.batching_config import (
+    MAX_BATCH_SIZE,
+    MAX_BATCH_TOKENS,
+    MAX_ITEMS_PER_REQUEST,
+    MAX_QUEUE_SIZE,
+    MAX_TIMEOUT,
+)
+from batching.model_config import (
     ENGINES,
     POLICIES,
     PRECISIONS,
     WARMUP_DATA,
     BatchingConfig,
     ModelConfig,
-)
-from batching.core.config import (
-    MAX_BATCH_SIZE,
-    MAX_BATCH_TOKENS,
-    MAX_ITEMS_PER_REQUEST,
-    MAX_QUEUE_SIZE,
-    MAX_TIMEOUT,
 )
 from batching.models.generation.prefix_cache import MAX_PREFIX_CACHE_MB
 from batching.models.hub import HubId

@@ -9,7 +9,7 @@ import argparse
 from collections.abc import Mapping
 from typing import TypedDict
 
-from batching.tracing.config import TracingConfig, tracing_config
+from batching.tracing.tracing_config import TracingConfig, tracing_config
 
 from .flags import Parser, one_line
 

@@ -23,9 +23,9 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from batching.config import ModelConfig
 from batching.control import ReadRepository, RepositoryEntry
 from batching.errors import InvalidRequest
+from batching.model_config import ModelConfig
 from batching.runtime.cpus import InstanceBudget
 
 from .model_table import RepositoryError, model_from_table

@@ -15,7 +15,7 @@ import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from batching.config import ModelConfig
+from batching.model_config import ModelConfig
 from batching.runtime.cpus import InstanceBudget
 
 from ._toml import show

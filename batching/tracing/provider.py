@@ -31,13 +31,13 @@ from opentelemetry.sdk.trace.sampling import (
 from opentelemetry.trace import Link, SpanKind
 from opentelemetry.util.types import Attributes
 
-from batching.config import ModelConfig
 from batching.core.events import BatchEvents
+from batching.model_config import ModelConfig
 from batching.runtime.deployment import Deployment
 
 from .batches import BATCH_MARK, BatchSpans
-from .config import TracingConfig
 from .spans import RequestSpan
+from .tracing_config import TracingConfig
 
 __all__ = ["Tracing", "exporter_for", "sampler_for"]
 

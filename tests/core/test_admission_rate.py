@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from batching.config import BatchingConfig
 from batching.core.admission import Throughput
 from batching.core.batcher import Batcher
 from batching.core.policy import FixedPolicy
 from batching.errors import DeadlineExceeded, Overloaded
+from batching.model_config import BatchingConfig
 from tests.support.fakes import run_virtual
 
 MS = 0.001

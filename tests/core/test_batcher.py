@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from batching.config import BatchingConfig
 from batching.core.batcher import Batcher, InstanceLost
 from batching.core.events import BatchRun, RequestRun
 from batching.core.policy import FixedPolicy
 from batching.errors import DeadlineExceeded, InferenceFailed, NotReady, Overloaded, PayloadTooLarge
+from batching.model_config import BatchingConfig
 from tests.support.fakes import ScriptedRunner, at, run_virtual
 
 MS = 0.001

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from batching.config import BatchingConfig
 from batching.core.admission import retry_after, spread
 from batching.core.batcher import Batcher
 from batching.core.policy import FixedPolicy
 from batching.errors import Overloaded
+from batching.model_config import BatchingConfig
 from tests.support.fakes import ScriptedRunner, run_virtual
 
 MS = 0.001

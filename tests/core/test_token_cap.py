@@ -7,24 +7,24 @@ import asyncio
 import contextlib
 import math
 
-from batching.config import BatchingConfig
 from batching.core.batcher import Batcher
-from batching.core.jobs import Job, Pending, Request
+from batching.core.jobs import Job, Pending, Submission
 from batching.core.packing import Batch
 from batching.core.policy import FixedPolicy
+from batching.model_config import BatchingConfig
 from tests.support.fakes import ScriptedRunner, run_virtual
 
 MS = 0.001
 FAR = math.inf
 
 
-def _request(tokens: list[int], token_cap: int | None = None) -> Request:
+def _request(tokens: list[int], token_cap: int | None = None) -> Submission:
     loop = asyncio.new_event_loop()
     try:
         future = Pending(loop=loop)
     finally:
         loop.close()
-    return Request(
+    return Submission(
         items=["x"] * len(tokens),
         tokens=tokens,
         future=future,

@@ -14,7 +14,7 @@ import yaml
 from kubernetes_validate import utils as kubernetes_validate
 
 from batching.keys import ApiKeys
-from batching.models.engines.options import default_cache_dir
+from batching.models.engines.engine_options import default_cache_dir
 from batching.settings.cli import build_parser
 from batching.settings.serving import DEFAULT_GRPC_PORT
 from tests.support.asgi import app_with, serving

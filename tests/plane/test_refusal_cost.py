@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from batching.config import BatchingConfig, ModelConfig
 from batching.core.batcher import Batcher
+from batching.model_config import BatchingConfig, ModelConfig
 from tests.support.asgi import app_with, serving
 from tests.support.embedder import OptionEmbedder
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from batching import ModelConfig
-from batching.core.config import BatchingConfig
+from batching.core.batching_config import BatchingConfig
 from batching.errors import InvalidRequest
 from batching.runtime.cpus import CpuBudget, InstanceBudget
 from batching.settings.cli import parse_settings

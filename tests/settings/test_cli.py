@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from batching.config import ModelConfig
+from batching.model_config import ModelConfig
 from batching.runtime.cpus import CpuBudget
 from batching.settings.cli import build_parser, parse_settings
 from batching.settings.engines import torch_threads_for

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batching.core.batcher import Batcher
-from batching.core.config import BatchingConfig
+from batching.core.batching_config import BatchingConfig
 from batching.core.policy import BatchPolicy
 from tests.support.fakes import VirtualTimeLoop
 

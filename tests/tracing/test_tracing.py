@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from batching import BatchingConfig, ModelConfig, create_app
 from batching.keys import ApiKeys
 from batching.settings.cli import parse_settings
-from batching.tracing.config import TracingConfig, TracingConfigError, tracing_config
+from batching.tracing.tracing_config import TracingConfig, TracingConfigError, tracing_config
 from tests.support.asgi import app_with, echo_config, serving
 from tests.support.grpc_door import serving_grpc
 from tests.support.models import EchoModel, GatedModel, SlowLoadModel

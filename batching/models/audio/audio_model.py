@@ -30,7 +30,7 @@ import transformers
 
 from batching.errors import InvalidRequest
 
-from ..engines.options import EngineOptions
+from ..engines.engine_options import EngineOptions
 from ..parameters import PARAMETERS_KEY, Param, TaskItem
 from ..processors import FEATURE_EXTRACTOR, processor_settings
 from ..shared.torch_models import WEIGHTS_LOADING, read_config, resolve_device

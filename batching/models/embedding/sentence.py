@@ -19,14 +19,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..default import DEFAULT_MODEL_NAME, default_model_path
+from ..engines.engine_options import EngineOptions
 from ..engines.job import EngineJob
 from ..engines.measuring_child import run_apart
-from ..engines.options import EngineOptions
 from ..engines.plan import EnginePlan
 from ..engines.selection import measure_engines, select_engine
 from ..items import (
-    EMBEDDING_KEY,
-    ENCODINGS,
     DecodeItem,
     EmbedItem,
     TokenizeItem,
@@ -52,6 +50,9 @@ from .quantize import (
     shorten,
 )
 from .sentence_modules import SentenceModules
+from .sentence_outputs import as_array as _array
+from .sentence_outputs import described
+from .sentence_outputs import ids_of as _ids_of
 from .tokenizer_json import FILE as TOKENIZER_JSON
 from .tokenizer_json import JsonTokenizer, matches
 from .tokenizing import Batch
@@ -427,52 +428,16 @@ class SentenceEmbedder:
 
     def metadata(self) -> dict[str, object]:
         quantization = self._quantization
-        return {
-            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
-            "outputs": [
-                {
-                    "name": "embedding",
-                    "datatype": "FP32",
-                    "shape": [-1, self.dimension],
-                    # Unit vectors or not: the OpenAI door's `dimensions` needs unit vectors.
-                    "normalized": self.normalize,
-                }
-            ],
-            EMBEDDING_KEY: {
-                "prompts": dict(self.prompts.prompts),
-                "default_prompt_name": self.prompts.default_name,
-                "default_prompt": self.prompts.default,
-                "max_seq_length": self.max_seq_length,
-                "normalized": self.normalize,
-                "outputs": ["dense", "tokens"],
-                "encodings": list(ENCODINGS),
-                "quantization_ranges": None if quantization is None else quantization.describe(),
-                "calibration_texts": CALIBRATION_COUNT,
-                "truncation_directions": ["right", "left"],
-                "tokenize": True,
-                # What /decode checks ids against, and the width of a per-token vector (the
-                # encoder's, before pooling).
-                "vocab_size": None if self._tokenizer is None else len(self._tokenizer),
-                "token_dimension": self._config.get("hidden_size") or self._config.get("d_model"),
-            },
-            **({"engine": self._model.describe()} if self._model is not None else {}),
-        }
-
-
-def _ids_of(item: object) -> Sequence[int]:
-    """The ids of a :class:`DecodeItem` (what it costs); none for anything else."""
-    return item.ids if isinstance(item, DecodeItem) else ()
-
-
-def _array(output: object) -> np.ndarray:
-    """An engine's output as a float32 numpy array (a torch runner returns a tensor)."""
-    if isinstance(output, np.ndarray):
-        return output if output.dtype == np.float32 else output.astype(np.float32)
-    import torch  # a torch runner answered: torch is loaded already
-
-    if not isinstance(output, torch.Tensor):
-        raise TypeError(f"an engine answered {type(output).__name__}, not an array")
-    return np.asarray(output.detach().float().cpu().numpy())
+        return described(
+            dimension=self.dimension,
+            normalize=self.normalize,
+            prompts=self.prompts,
+            max_seq_length=self.max_seq_length,
+            ranges=None if quantization is None else quantization.describe(),
+            vocab_size=None if self._tokenizer is None else len(self._tokenizer),
+            token_dimension=self._config.get("hidden_size") or self._config.get("d_model"),
+            engine=self._model.describe() if self._model is not None else None,
+        )
 
 
 def _measure(arguments: _Arguments, force: bool) -> None:

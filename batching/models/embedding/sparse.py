@@ -13,8 +13,8 @@ import torch
 import transformers
 from transformers import BatchEncoding, PreTrainedModel, PreTrainedTokenizerBase
 
+from ..engines.engine_options import EngineOptions
 from ..engines.job import EngineJob
-from ..engines.options import EngineOptions
 from ..engines.plan import EnginePlan
 from ..engines.selection import select_engine
 from ..items import EMBEDDING_KEY, EmbedItem, SparseVector

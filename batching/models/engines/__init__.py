@@ -19,7 +19,7 @@ Importing this package imports no ML library.
 """
 
 from .decision import Decision, Measurement, Route, decide
-from .options import (
+from .engine_options import (
     ENGINES,
     PRECISIONS,
     EngineConfigError,

@@ -107,7 +107,7 @@ class Cores:
     @property
     def count(self) -> int:
         if self._count is None:
-            from .options import thread_budget
+            from .engine_options import thread_budget
 
             self._count = thread_budget()
         return self._count

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .options import EngineOptions
+from .engine_options import EngineOptions
 
 __all__ = ["EngineJob"]
 

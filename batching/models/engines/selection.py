@@ -28,12 +28,12 @@ from typing import Any
 from .cache import EngineCache
 from .contention import Contention
 from .decision import REFERENCE, Decision, RetakeRule, Route
+from .engine_options import ADAPTIVE_THREADS_VARIABLE, thread_budget
 from .governor import ThreadGovernor, thread_choices
 from .idle import IdleRelease
 from .job import EngineJob
 from .lengths import TrafficLengths
 from .measuring_child import ApartFailed
-from .options import ADAPTIVE_THREADS_VARIABLE, thread_budget
 from .plan import EnginePlan, Runner
 from .quick import provisional_choice
 from .remeasure import Retaker

@@ -18,11 +18,11 @@ import numpy as np
 from .accuracy import compare
 from .cache import EngineCache, ExportFailed
 from .decision import REFERENCE, Decision, Measurement, Route, decide, variant_name
+from .engine_options import EngineOptions, thread_budget
 from .interleave import Timings, disturbed, time_interleaved
 from .job import EngineJob
 from .lengths import TrafficLengths, combined_rate, shorter, timing_lengths, weights
 from .measure import grown_mb, items_per_second, resident_mb
-from .options import EngineOptions, thread_budget
 from .plan import EnginePlan, Runner
 from .variants import build_runner, export_folder
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from .cache import FUSED, PLAIN, EngineCache
+from .engine_options import EngineOptions, installed, thread_budget
 from .job import EngineJob
-from .options import EngineOptions, installed, thread_budget
 from .plan import Runner
 from .shared import shared_runner
 

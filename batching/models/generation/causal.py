@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from transformers.models.auto.modeling_auto import AutoModelForCausalLM
 
-from ..engines.options import EngineOptions
+from ..engines.engine_options import EngineOptions
 from ..parameters import Param
 from ..shared.text_models import max_length_of
 from ..tasks.generation import TEXT_GENERATION

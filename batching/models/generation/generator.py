@@ -29,7 +29,7 @@ from transformers.models.auto.tokenization_auto import AutoTokenizer
 from batching.errors import PayloadTooLarge, UnprocessableInput
 
 from ..chat import Chat
-from ..engines.options import EngineOptions
+from ..engines.engine_options import EngineOptions
 from ..parameters import PARAMETERS_KEY, Param, Parameters, TaskItem
 from ..shared.text_models import DEFAULT_MAX_LENGTH, LazyCounter
 from ..shared.torch_models import WEIGHTS_LOADING, TokenCounter, resolve_device, warmup_text

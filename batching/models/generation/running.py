@@ -38,8 +38,8 @@ import torch
 
 from ..engines.contention import Contention
 from ..engines.cores import CORES
+from ..engines.engine_options import ADAPTIVE_THREADS_VARIABLE, thread_budget
 from ..engines.governor import ThreadGovernor, thread_choices
-from ..engines.options import ADAPTIVE_THREADS_VARIABLE, thread_budget
 from .constraints import Constraint, tokenizer_of
 from .logprobs import prompt_echo, token_logprob
 from .pieces import Answer, Joining, Piece, Status

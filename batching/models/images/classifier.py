@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 import torch
 import transformers
 
-from ..engines.options import EngineOptions
+from ..engines.engine_options import EngineOptions
 from ..media import RESIZE_KEY
 from ..parameters import PARAMETERS_KEY, TaskItem
 from ..processors import IMAGE_PROCESSOR, missing_processor

@@ -26,7 +26,7 @@ import torch
 import transformers
 from transformers import BatchEncoding, PreTrainedTokenizerBase
 
-from ..engines.options import EngineOptions
+from ..engines.engine_options import EngineOptions
 from ..media import RESIZE_KEY
 from ..parameters import TaskItem
 from ..shared.imaging import sample_png

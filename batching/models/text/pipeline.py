@@ -15,10 +15,10 @@ from transformers.pipelines.base import PipelineException
 
 from batching.errors import UnprocessableInput
 
+from ..engines.engine_options import EngineOptions
 from ..engines.job import EngineJob
 from ..engines.logits import LogitsModel, mask_logits, scores
 from ..engines.measure import grown_mb, resident_mb
-from ..engines.options import EngineOptions
 from ..engines.plan import EnginePlan
 from ..engines.selection import select_engine
 from ..parameters import PARAMETERS_KEY, Param, TaskItem, group_by_parameters

@@ -23,9 +23,9 @@ import transformers
 from numpy.typing import ArrayLike
 from transformers import BatchEncoding, PreTrainedModel, PreTrainedTokenizerBase
 
+from ..engines.engine_options import EngineOptions
 from ..engines.job import EngineJob
 from ..engines.logits import scores
-from ..engines.options import EngineOptions
 from ..engines.plan import EnginePlan
 from ..engines.selection import select_engine
 from ..parameters import PARAMETERS_KEY, InvalidParameter, TaskItem

@@ -15,7 +15,7 @@ from sentence_transformers.sentence_transformer.modules import Pooling
 
 from batching.models.embedding.pooling import POOLING_MODES, pool
 from batching.models.embedding.sentence import SentenceEmbedder
-from batching.models.engines.options import EngineOptions
+from batching.models.engines.engine_options import EngineOptions
 from batching.models.items import EmbedItem, TokenVectors
 from tests.support.tiny import decoder_folder, sentence_folder
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from sentence_transformers import SentenceTransformer
 
-from batching.config import ModelConfig
+from batching.model_config import ModelConfig
 from batching.models.embedding.prompts import PromptConfigError, PromptOptions
 from batching.models.embedding.sentence import SentenceEmbedder
 from batching.models.items import EMBEDDING_KEY, EmbedItem, TokenizeItem

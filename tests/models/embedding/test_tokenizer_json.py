@@ -13,7 +13,7 @@ import transformers
 
 from batching.models.embedding.sentence import SentenceEmbedder
 from batching.models.embedding.tokenizer_json import JsonTokenizer, matches
-from batching.models.engines.options import EngineOptions
+from batching.models.engines.engine_options import EngineOptions
 from batching.models.items import DecodeItem, EmbedItem, TokenizeItem, TokenVectors
 from tests.support.tiny import decoder_folder, sentence_folder
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from batching.config import ModelConfig
+from batching.model_config import ModelConfig
 from batching.models.engines import decision as decision_module
-from batching.models.engines import options as options_module
+from batching.models.engines import engine_options as options_module
 from batching.models.engines.accuracy import compare
 from batching.models.engines.decision import Decision, Measurement, Route, decide
-from batching.models.engines.options import EngineConfigError, EngineOptions
+from batching.models.engines.engine_options import EngineConfigError, EngineOptions
 from batching.models.engines.plan import EnginePlan
 from batching.models.engines.variants import candidates
 from batching.settings.cli import build_parser, parse_settings

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from batching.models.engines.decision import Measurement, decide
+from batching.models.engines.decision_table import decision_table
 from batching.models.engines.interleave import disturbed, margins, time_interleaved
 from batching.models.engines.lengths import (
     TrafficLengths,
@@ -17,7 +18,6 @@ from batching.models.engines.lengths import (
     timing_lengths,
     weights,
 )
-from batching.models.engines.table import decision_table
 
 
 def test_variants_are_timed_at_short_long_and_the_median_served_length(tmp_path: Path) -> None:

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from batching import create_app
-from batching.config import BatchingConfig, ModelConfig
+from batching.model_config import BatchingConfig, ModelConfig
 from batching.models.embedding.sentence import SentenceEmbedder
 from batching.models.engines import export, trials
 from batching.models.engines.cache import EngineCache
-from batching.models.engines.options import EngineOptions
+from batching.models.engines.engine_options import EngineOptions
 from batching.models.text.pipeline import PipelineModel
 from tests.support.servers import running
 from tests.support.tiny import classifier_folder, encoder_folder, masked_folder, sentence_folder

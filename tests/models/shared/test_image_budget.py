@@ -19,8 +19,8 @@ from PIL import Image, ImageOps
 from transformers.image_transforms import get_resize_output_image_size, get_size_with_aspect_ratio
 from transformers.image_utils import ChannelDimension, get_image_size_for_max_height_width
 
-from batching.config import ModelConfig
 from batching.errors import PayloadTooLarge
+from batching.model_config import ModelConfig
 from batching.models.images.classifier import image_inputs, resize_of
 from batching.models.media import DEFAULT_MAX_DECODE_BYTES, MediaLimits, model_limits
 from batching.models.shared import image_budget, imaging

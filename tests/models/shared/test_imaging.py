@@ -19,8 +19,8 @@ import pytest
 from PIL import Image
 
 from batching.codecs.media import media_body, media_bytes
-from batching.config import ModelConfig
 from batching.errors import InvalidRequest, PayloadTooLarge
+from batching.model_config import ModelConfig
 from batching.models import media
 from batching.models.media import (
     DEFAULT_MAX_IMAGE_PIXELS,

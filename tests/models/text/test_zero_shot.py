@@ -15,7 +15,7 @@ import transformers
 from batching import BatchingConfig, ModelConfig
 from batching.errors import InvalidRequest, PayloadTooLarge
 from batching.metrics import Metrics
-from batching.models.engines.options import EngineOptions
+from batching.models.engines.engine_options import EngineOptions
 from batching.models.parameters import TaskItem, check_parameters
 from batching.models.source import ModelSource, ModelSourceError
 from batching.models.text.nli import ZERO_SHOT_PARAMETERS, nli_logit_ids

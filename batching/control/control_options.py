@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from batching.config import ModelConfig
+from batching.model_config import ModelConfig
 from batching.runtime.cpus import InstanceBudget, read_cpu_budget
 from batching.runtime.deployment import Deployment
 from batching.runtime.warmup import InstanceInfo

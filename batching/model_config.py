@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from batching.core.config import POLICIES, BatchingConfig
+from batching.core.batching_config import POLICIES, BatchingConfig
 from batching.models.embedding.prompts import PromptOptions
-from batching.models.engines.options import (
+from batching.models.engines.engine_options import (
     ENGINES,
     PRECISIONS,
     EngineOptions,
