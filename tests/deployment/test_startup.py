@@ -7,58 +7,31 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import re
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
+from tests.support.server_log import READY, log_until_ready
 from tests.support.servers import free_port
 
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def start_and_read_until_ready(*flags: str) -> tuple[list[str], int, int]:
     """Start the server, return its log lines up to and including the ready line, its HTTP
     port and its gRPC port; the server is stopped before this returns."""
     port, grpc_port = free_port(), free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "server.py",
-            "--model",
-            "tests.support.models:EchoModel",
-            "--port",
-            str(port),
-            "--grpc-port",
-            str(grpc_port),
-            *flags,
-        ],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    lines = log_until_ready(
+        "--model",
+        "tests.support.models:EchoModel",
+        "--port",
+        str(port),
+        "--grpc-port",
+        str(grpc_port),
+        *flags,
+        budget_s=90,
     )
-    lines: list[str] = []
-    try:
-        assert process.stderr is not None
-        deadline = time.monotonic() + 90
-        for line in process.stderr:  # ends when the process exits
-            lines.append(line.rstrip("\n"))
-            if "ready: serving" in line or time.monotonic() > deadline:
-                break
-    finally:
-        process.terminate()
-        process.wait(30)
-        if process.stderr is not None:
-            process.stderr.close()
-    assert any("ready: serving" in line for line in lines), "\n".join(lines)
+    assert any(READY in line for line in lines), "\n".join(lines)
     return lines, port, grpc_port
 
 

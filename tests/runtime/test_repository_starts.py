@@ -6,20 +6,16 @@ first start is: nothing imported before."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.support.repositories import mixed_repository
+from tests.support.server_log import log_until_ready
 from tests.support.servers import free_port
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 FOUR = ("embedder", "writer", "tagger", "vision")
 
 
@@ -31,37 +27,14 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def start_until_ready(repository: Path) -> list[str]:
     """Start ``server.py`` on ``repository`` in a fresh interpreter; its log up to the ready
     line or its exit; the process is stopped before this returns."""
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "server.py",
-            "--model-repository",
-            str(repository),
-            "--port",
-            str(free_port()),
-            "--grpc-port",
-            str(free_port()),
-        ],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    return log_until_ready(
+        "--model-repository",
+        str(repository),
+        "--port",
+        str(free_port()),
+        "--grpc-port",
+        str(free_port()),
     )
-    lines: list[str] = []
-    try:
-        assert process.stderr is not None
-        deadline = time.monotonic() + 100
-        for line in process.stderr:  # ends when the process exits
-            lines.append(line.rstrip("\n"))
-            if "ready: serving" in line or time.monotonic() > deadline:
-                break
-    finally:
-        process.terminate()
-        process.wait(30)
-        if process.stderr is not None:
-            process.stderr.close()
-    return lines
 
 
 @pytest.mark.parametrize("attempt", range(3))

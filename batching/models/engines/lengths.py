@@ -50,6 +50,8 @@ class TrafficLengths:
 
     def __init__(self, counts: Mapping[int, int] | None = None) -> None:
         self.counts: dict[int, int] = dict(counts or {})
+        #: The items counted (kept as they are added: :meth:`add` runs once per batch).
+        self.items = sum(self.counts.values())
         self.changed = False
 
     def add(self, items: int, tokens: int) -> None:
@@ -57,13 +59,11 @@ class TrafficLengths:
         if items <= 0 or tokens <= 0:
             return
         self.counts[tokens] = self.counts.get(tokens, 0) + items
+        self.items += items
         self.changed = True
-        if sum(self.counts.values()) > _CAP:
+        if self.items > _CAP:
             self.counts = {k: v // 2 for k, v in self.counts.items() if v // 2}
-
-    @property
-    def items(self) -> int:
-        return sum(self.counts.values())
+            self.items = sum(self.counts.values())
 
     def median(self) -> int | None:
         """The padded length of the median item served; None before any."""

@@ -7,11 +7,14 @@ dead end ends alone. Tiny models built from configs."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from batching.models.engines.engine_options import ADAPTIVE_THREADS_VARIABLE
 from batching.models.generation.causal import TextGenerator
 from batching.models.generation.completion_rule import CompletionRule, with_rule
 from batching.models.generation.constraints import Constraint
@@ -27,8 +30,18 @@ PROMPTS = ["the cat sat on the mat", "a dog", "who eats fish", "i like green"]
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[GenerationModel, Any]]:
-    root = tmp_path_factory.mktemp("logprobs")
+def models(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, tuple[GenerationModel, Any]]]:
+    # Every step on the whole thread budget, as transformers' generate runs: a step the thread
+    # governor tried on fewer threads sums in another order, and fp32 logits then differ by
+    # about 1e-4, the tolerance compared here.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(ADAPTIVE_THREADS_VARIABLE, "0")
+        yield _built(tmp_path_factory.mktemp("logprobs"))
+
+
+def _built(root: Path) -> dict[str, tuple[GenerationModel, Any]]:
     built: dict[str, tuple[GenerationModel, Any]] = {}
     for name, folder, task in (
         ("gpt2", gpt2_folder(root), "text-generation"),
