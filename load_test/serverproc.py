@@ -3,8 +3,8 @@
 The command is a template (default ``{python} {server}``: this interpreter and this project's
 ``server.py``, wherever the tool is run from) run from ``cwd``; the tool appends
 ``--host 127.0.0.1 --port P`` and the setting's flags. Readiness is the server's
-``GET /v2/health/ready`` answering 200; the process's output goes to a log file so a failed
-start can be explained.
+``GET /v2/health/ready`` answering 200 (another server's ready path where given); the
+process's output goes to a log file so a failed start can be explained.
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ class ServerProcess:
         log_path: Path,
         ready_timeout: float = 300.0,
         env: dict[str, str] | None = None,
+        ready_path: str = "/v2/health/ready",
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -85,6 +86,7 @@ class ServerProcess:
         self.log_path = log_path
         self.ready_timeout = ready_timeout
         self.env = {**os.environ, **(env or {})}
+        self.ready_path = ready_path
         self.startup_s = 0.0
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -105,7 +107,7 @@ class ServerProcess:
                         f"\n--- {self.log_path} ---\n{_tail(self.log_path)}"
                     )
                 try:
-                    if client.get(f"{self.url}/v2/health/ready").status_code == 200:
+                    if client.get(self.url + self.ready_path).status_code == 200:
                         break
                 except httpx.HTTPError:
                     pass  # not listening yet: it binds only after loading the model

@@ -1,0 +1,155 @@
+"""Where a decode step's time goes: the running batch of ``benchmarks/generation.py``'s model
+stepped in this process (no server), 16 rows of 128 new tokens, split into
+
+- **forward**: the model's call on every row's last token, and within it the share of time
+  torch's operators run (``torch.profiler``'s self CPU time of the ``aten::`` operators over
+  five profiled steps, against those steps' wall time: the kernels; on two threads their CPU
+  time can exceed the wall time) against the rest (Python: the modules' calls, mask and cache
+  bookkeeping);
+- **per row**: picking and recording each row's token (argmax, the detokenised text, stop
+  strings), outside the forward;
+- **the rest of the step**: the new token ids and attention mask built, the cache's columns.
+
+Each split is measured on one and on two intra-op threads (vLLM's CPU build computes on one
+core and leaves the other to its front end). The event loop's share in a served run is what
+``py-spy`` shows of the server's main thread under ``benchmarks/generation.py``'s load (the
+command is in docs/generation.md).
+
+    python benchmarks/decode_profile.py
+    python benchmarks/decode_profile.py --vocab 30522 --steps 100
+
+Run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import torch  # noqa: E402
+from generation import VOCAB, build_model, workload  # noqa: E402
+
+from batching.models.generation import causal_batch, running  # noqa: E402
+from batching.models.generation.causal import TextGenerator  # noqa: E402
+from batching.models.parameters import TaskItem  # noqa: E402
+
+
+def profile(generator: TextGenerator, rows: int, steps: int, threads: int) -> dict[str, float]:
+    """Milliseconds per step of each part, medians over ``steps`` steps of ``rows`` rows."""
+    torch.set_num_threads(threads)
+    prompts = [
+        generator._prepare(i, TaskItem(r.prompt, (("max_new_tokens", steps + 1),)))
+        for i, r in enumerate(workload(rows, steps + 1, steps + 1))
+    ]
+    forwards: list[float] = []
+    advances: list[float] = []
+    real_forward = causal_batch.DecodeBatch._forward
+    real_advance = running.RunningBatchBase._advance_all
+
+    def forward(self: Any, last: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        started = time.perf_counter()
+        out = real_forward(self, last, mask)
+        forwards.append(time.perf_counter() - started)
+        return out
+
+    def advance(self: Any, rows_: Any, logits: torch.Tensor) -> Any:
+        started = time.perf_counter()
+        out = real_advance(self, rows_, logits)
+        advances.append(time.perf_counter() - started)
+        return out
+
+    causal_batch.DecodeBatch._forward = forward  # type: ignore[method-assign]
+    running.RunningBatchBase._advance_all = advance  # type: ignore[method-assign]
+    try:
+        batch = generator.direct_batch()
+        batch.threads.fixed = True  # the count set here, not the governor's
+        batch.join_many(list(enumerate(prompts)))
+        forwards.clear()
+        advances.clear()
+        totals = []
+        kernels = 0.0
+        profiled = 0
+        for index in range(steps):
+            if len(batch.rows) < rows:
+                break
+            if index == steps // 2:  # a few steps under the profiler, mid-way
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
+                    for _ in range(5):
+                        batch.step()
+                kernels = sum(
+                    e.self_cpu_time_total for e in p.key_averages() if e.key.startswith("aten::")
+                )
+                profiled = 5
+                continue
+            started = time.perf_counter()
+            batch.step()
+            totals.append(time.perf_counter() - started)
+        # The profiled steps' forwards are slower under the profiler: the kernels' share of
+        # their time is what is carried over to the plain forwards.
+        middle = slice(steps // 2, steps // 2 + profiled)
+        under_profiler = sum(forwards[middle])
+        plain = forwards[: steps // 2] + forwards[steps // 2 + profiled :]
+        forward_ms = statistics.median(plain) * 1e3
+        share = min(kernels / 1e6 / under_profiler, 1.0) if under_profiler else 0.0
+        kernel_ms = forward_ms * share
+        step_ms = statistics.median(totals) * 1e3
+        advance_ms = statistics.median(advances) * 1e3
+    finally:
+        causal_batch.DecodeBatch._forward = real_forward  # type: ignore[method-assign]
+        running.RunningBatchBase._advance_all = real_advance  # type: ignore[method-assign]
+    return {
+        "threads": threads,
+        "step_ms": step_ms,
+        "forward_ms": forward_ms,
+        "kernels_ms": kernel_ms,
+        "forward_python_ms": max(forward_ms - kernel_ms, 0.0),
+        "per_row_ms": advance_ms,
+        "rest_ms": max(step_ms - forward_ms - advance_ms, 0.0),
+        "tokens_per_s": rows / (step_ms / 1e3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--vocab", type=int, default=VOCAB)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = build_model(Path(tmp) / "gpt", 512, args.width, args.layers, args.vocab)
+        generator = TextGenerator("text-generation", folder)
+        generator.load("cpu")
+        generator.direct_batch().complete(  # warm-up: first shapes, allocator
+            [generator._prepare(0, TaskItem("the cat", (("max_new_tokens", 8),)))]
+        )
+        # Interleaved: one thread, two, one, two.
+        runs = [profile(generator, args.rows, args.steps, t) for t in (1, 2, 1, 2)]
+    keys = [k for k in runs[0] if k != "threads"]
+    medians = {
+        threads: {k: statistics.median(r[k] for r in runs if r["threads"] == threads) for k in keys}
+        for threads in (1, 2)
+    }
+    print(f"{args.rows} rows, vocabulary {args.vocab}, ms per step (medians of 2 runs)")
+    print(f"{'':<28} {'1 thread':>10} {'2 threads':>10}")
+    for key in keys:
+        print(f"{key:<28} {medians[1][key]:>10.2f} {medians[2][key]:>10.2f}")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": None}, "runs": runs}))
+
+
+if __name__ == "__main__":
+    main()
