@@ -133,7 +133,10 @@ def _shareable(graph: Path) -> dict[str, Any]:
 
     model = onnx.load(str(graph))
     repacked = {
-        name for node in model.graph.node if node.op_type in REPACKING_OPS for name in node.input[1:]
+        name
+        for node in model.graph.node
+        if node.op_type in REPACKING_OPS
+        for name in node.input[1:]
     }
     arrays = {}
     for tensor in model.graph.initializer:
