@@ -8,6 +8,8 @@ a stale export::
     <cache>/<key>/lock                   held while exporting and measuring
     <cache>/<key>/onnx/model.onnx        the export (written elsewhere, renamed into place)
     <cache>/<key>/onnx/model.fused.onnx  ONNX Runtime's optimised graph, when it fuses
+    <cache>/<key>/onnx/*.shared/         initializers its sessions share, as .npy files
+    <cache>/<key>/onnx/model.openvino/   the graph as OpenVINO's IR (its weights mapped)
     <cache>/<key>/onnx.error             why the export failed (not retried for this key)
     <cache>/<key>/decisions/<key>.json   what ``auto`` measured and chose, per machine setup
 

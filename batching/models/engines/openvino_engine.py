@@ -7,7 +7,11 @@ is compiled from that one model, so the copies share its weights (two copies fro
 cache each mapped their own: 80 MB more for the default model). Inputs are padded to a
 multiple of :data:`LENGTH_STEP` tokens (the output cut back): each new input shape leaves
 compiled kernels and buffers behind, and traffic of every length from 1 to 256 tokens grew the
-process by hundreds of MB; at most 16 lengths per batch size stay bounded."""
+process by hundreds of MB; at most 16 lengths per batch size stay bounded.
+
+A serving runner reads the graph from OpenVINO's IR (:func:`.mapped_weights.openvino_ir`),
+whose weights are mapped from the engine cache; :meth:`OpenVinoRunner.release_memory` also
+drops the mapped pages the compiled copies no longer read."""
 
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ from typing import Any
 
 import numpy as np
 import openvino
+
+from .mapped_weights import release_pages
 
 __all__ = ["LENGTH_STEP", "OpenVinoRunner", "PrecisionUnavailable"]
 
@@ -40,10 +46,13 @@ class OpenVinoRunner:
         threads: int,
         cache: Path | None = None,
         max_tokens: int | None = None,
+        weights: Path | None = None,
     ) -> None:
-        """:param graph: the ONNX file, or a model already read (another thread count's).
+        """:param graph: the ONNX or IR file, or a model already read (another thread count's).
         :param cache: a folder for compiled blobs (the measuring process's variants).
-        :param max_tokens: inputs are padded no longer than this (the position table)."""
+        :param max_tokens: inputs are padded no longer than this (the position table).
+        :param weights: the file the model's weights are mapped from (an IR's ``.bin``),
+            whose pages :meth:`release_memory` drops."""
         core = openvino.Core()
         if cache is not None:
             core.set_property({"CACHE_DIR": str(cache)})
@@ -52,6 +61,9 @@ class OpenVinoRunner:
             model = core.read_model(str(graph)) if isinstance(graph, Path) else graph
         self.precision = precision
         self.max_tokens = max_tokens
+        if weights is None and isinstance(graph, Path) and graph.suffix == ".xml":
+            weights = graph.with_suffix(".bin")
+        self.weights = weights
         #: The model read once (None: compiled from the blob cache, nothing to share).
         self.model = None if cache is not None else model
         compiled = core.compile_model(
@@ -80,12 +92,17 @@ class OpenVinoRunner:
         """A copy compiled for ``threads`` threads from the same model (its weights shared)."""
         if self.model is None:
             raise RuntimeError("a runner compiled from the blob cache has no model to share")
-        return OpenVinoRunner(self.model, self.precision, threads, None, self.max_tokens)
+        return OpenVinoRunner(
+            self.model, self.precision, threads, None, self.max_tokens, self.weights
+        )
 
     def release_memory(self) -> None:
         """Give back the intermediate buffers the largest batch so far left (OpenVINO
-        allocates them again at the next batch)."""
+        allocates them again at the next batch), and the resident pages of the mapped
+        weights (a batch maps the ones it reads again)."""
         self.compiled.release_memory()
+        if self.weights is not None:
+            release_pages(self.weights)
 
     def __call__(self, inputs: Mapping[str, Any]) -> np.ndarray:
         # numpy arrays, or CPU tensors (which numpy reads without a copy).

@@ -1,7 +1,10 @@
 """The ONNX Runtime engine: the exported graph (fused where ONNX Runtime's optimiser fuses
 it) on the CPU, with the server's thread budget: ``intra_op_num_threads`` threads, one
 inter-op thread, sequential execution; no memory arena. Numpy in, numpy out: it runs without
-torch."""
+torch.
+
+Every session of one graph in the process (one per thread count) adds the same mapped
+initializers (:func:`.mapped_weights.ort_initializers`): one copy of the embedding tables."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ from typing import Any
 
 import numpy as np
 import onnxruntime
+
+from .mapped_weights import ort_initializers
 
 __all__ = ["OnnxRuntimeRunner"]
 
@@ -33,6 +38,9 @@ class OnnxRuntimeRunner:
         # each shape used (traffic of every length grew the process by ~100 MB, kept).
         options.enable_cpu_mem_arena = False
         options.enable_mem_pattern = False
+        #: Held while the session lives: it reads these arrays in place.
+        self.shared = ort_initializers(graph)
+        self.shared.add_to(options)
         self.session = onnxruntime.InferenceSession(
             str(graph), options, providers=["CPUExecutionProvider"]
         )

@@ -94,6 +94,8 @@ def select_engine(job: EngineJob) -> EnginePlan:
                 measured_now = True
     plan.lengths = TrafficLengths.load(cache.folder)
     _adapt_threads(plan, job, cache, plan.runners)
+    # Compiling read every page of the mapped weights: drop those the runners do not read.
+    plan.release_memory()
     logger.info(
         "model %s: engine %s%s (%.1fs)",
         options.model_name,

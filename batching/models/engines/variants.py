@@ -83,14 +83,16 @@ def build_runner(
             # thread count: OpenVINO 2026.4 crashed, double free, compiling bf16 from a folder
             # that held the f32 blob of the same graph); a serving runner reads the graph
             # once, so its other thread counts share the weights.
-            blobs = cache.folder / "openvino" / f"{precision}-{count}threads"
-            return OpenVinoRunner(
-                folder / PLAIN,
-                precision,
-                count,
-                blobs if reference is not None else None,
-                max_tokens(job.folder),
-            )
+            # The serving runner reads the IR, whose weights are mapped (:mod:`.mapped_weights`).
+            if reference is not None:
+                blobs = cache.folder / "openvino" / f"{precision}-{count}threads"
+                return OpenVinoRunner(
+                    folder / PLAIN, precision, count, blobs, max_tokens(job.folder)
+                )
+            from .mapped_weights import openvino_ir
+
+            graph = openvino_ir(folder / PLAIN)
+            return OpenVinoRunner(graph, precision, count, None, max_tokens(job.folder))
         raise ValueError(f"unknown engine {engine!r}")
 
     if reference is None:
