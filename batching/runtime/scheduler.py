@@ -50,6 +50,8 @@ from batching.models.generation.pieces import Joining, Piece, Status
 from batching.models.generation.prefix_cache import PrefixLedger
 from batching.models.items import Item
 
+from .step_run import StepRun
+
 __all__ = ["RunningBatch", "StepScheduler", "Stream", "run_scheduler"]
 
 logger = logging.getLogger("batching")
@@ -370,34 +372,45 @@ class StepScheduler:
         running: dict[int, Stream],
         leaving: set[int],
     ) -> None:
-        """One step of the running rows; the ones it finished leave at once."""
-        stepping = list(running)
+        """Steps of the running rows on the instance's thread, until a newcomer waits or a
+        stream ends otherwise than by its rows (:mod:`.step_run`); each step's pieces are
+        delivered as it ends, and the rows it finished leave at once."""
+        stepping = list(running.items())
+        loop = asyncio.get_running_loop()
 
-        def work(model: object) -> list[Piece] | BaseException:
-            batch.leave(leaving)
-            if not len(batch):
-                return []
-            try:
-                stepped = batch.step()
-            except Exception as exc:
-                batch.leave(set(stepping))
-                return exc
-            batch.leave({piece.key for piece in stepped if piece.finish is not None})
-            return stepped
+        def post(pieces: list[Piece], seconds: float) -> None:
+            loop.call_soon_threadsafe(self._stepped, running, stepping, pieces, seconds)
 
-        started = time.perf_counter()
-        stepped = await call(work)
-        seconds = time.perf_counter() - started
+        run = StepRun(
+            batch,
+            leaving,
+            stepping,
+            lambda: bool(self._waiting) and len(batch) < self.max_rows,
+            self._clock or loop.time,
+            post,
+        )
+        failed = await call(run)
+        if failed is not None:
+            logger.error("model %s: a decode step failed", self.name, exc_info=failed)
+            for key, _ in stepping:
+                if key in running:
+                    self._fail(running.pop(key), InferenceFailed("the model failed on this batch"))
+
+    def _stepped(
+        self,
+        running: dict[int, Stream],
+        stepping: list[tuple[int, Stream]],
+        pieces: list[Piece],
+        seconds: float,
+    ) -> None:
+        """One step of a run ended (on the event loop, in the steps' order)."""
         self._step_s = 0.8 * self._step_s + 0.2 * seconds
-        for key in stepping:
-            running[key].computed += seconds
-        if isinstance(stepped, BaseException):
-            logger.error("model %s: a decode step failed", self.name, exc_info=stepped)
-            for key in stepping:
-                self._fail(running.pop(key), InferenceFailed("the model failed on this batch"))
-        else:
-            for piece in stepped:
-                self._deliver(running, running[piece.key], piece)
+        for _, each in stepping:
+            each.computed += seconds
+        for piece in pieces:
+            stream = running.get(piece.key)
+            if stream is not None:  # not ended by the loop meanwhile
+                self._deliver(running, stream, piece)
 
     def _deliver(self, running: dict[int, Stream], stream: Stream, piece: Piece) -> None:
         stream.generated += 1
