@@ -11,13 +11,18 @@ the server's rate is one over the sum of the steps. This script measures, interl
   keep-alive client, the one ``thread_profile.py`` uses);
 - **instant model**: the same server and client with a model that answers at once (the test
   suite's option embedder: same door, options, token counting, batcher and thread hand-off):
-  what serving alone costs per request.
+  what serving alone costs per request;
+- **uvicorn**: bare uvicorn (its own HTTP protocol and event loop, as ``server.py`` picks
+  them) with an ASGI app of a few lines that reads the body and answers the instant model's
+  JSON, the same client: the floor, what the HTTP exchange itself costs. ``instant / uvicorn``
+  is what serving costs as a multiple of it.
 
 Per round it prints the milliseconds per request of each, the server's own timing of its model
 step meanwhile (``/metrics``: the same ``predict``, inside the server), and what the server adds
 to the engine's call; the medians close the table.
 
     python benchmarks/one_client.py --rounds 3 --seconds 8 --out docs/results/x.json
+    python benchmarks/one_client.py --steps instant,uvicorn --rounds 3 --seconds 4
 
 Run it on a quiet machine: nothing else on the cores.
 """
@@ -28,6 +33,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -105,6 +111,56 @@ def served_rate(server_args: list[str], seconds: float, label: str) -> tuple[flo
     return float(result["items_per_s"]), step_ms
 
 
+def floor_answer() -> bytes:
+    """The instant model's answer to one sentence, as the plain door encodes it."""
+    from batching.codecs.plain import encode_embeddings
+    from tests.support.embedder import DEFAULT_PROMPT_NAME, PROMPTS, vector_of, words_of
+
+    text = sentences(1)[0]
+    vector = vector_of(words_of(PROMPTS[DEFAULT_PROMPT_NAME], text))
+    return encode_embeddings("OptionEmbedder", [vector], truncated=[True], tokens=8)
+
+
+def serve_floor(host: str, port: int) -> None:
+    """Bare uvicorn (its protocol and loop as ``server.py`` picks them, no access log): reads
+    each request's body and answers :func:`floor_answer`; ``/v2/health/ready`` answers too."""
+    import uvicorn
+
+    answer = floor_answer()
+    ready = b'{"ready":true}'
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        more = True
+        while more:
+            message = await receive()
+            more = message.get("more_body", False)
+        body = answer if scope["method"] == "POST" else ready
+        headers = [(b"content-type", b"application/json")]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    uvicorn.run(app, host=host, port=port, access_log=False, log_level="warning", lifespan="off")
+
+
+def floor_rate(seconds: float) -> tuple[float, float]:
+    """Items/s of the same client against :func:`serve_floor`, in a process of its own."""
+    log = ROOT / "load_test_results" / "one-client-uvicorn.log"
+    env = {"PYTHONPATH": str(ROOT)}
+    command = f"{{python}} {shlex.quote(str(Path(__file__).resolve()))} --serve-floor"
+    with ServerProcess([], command=command, cwd=ROOT, log_path=log, env=env) as server:
+        texts = sentences(600)
+        asyncio.run(closed_loop(server.port, 1, 2.0, texts))
+        result = asyncio.run(closed_loop(server.port, 1, seconds, texts))
+    return float(result["items_per_s"]), 0.0
+
+
+#: Every step, in the order a round starts from.
+STEPS = ("engine", "server", "instant", "uvicorn")
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     steps: dict[str, Callable[[], tuple[float, float]]] = {
         "engine": lambda: (engine_rate(args.seconds), 0.0),
@@ -112,62 +168,88 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "instant": lambda: served_rate(
             ["--grpc-port", "0", "--model", INSTANT_MODEL], args.seconds, "instant"
         ),
+        "uvicorn": lambda: floor_rate(args.seconds),
     }
-    names = list(steps)
+    names = [name for name in STEPS if name in args.steps]
     rounds: list[dict[str, Any]] = []
     for index in range(args.rounds):
         order = names[index % len(names) :] + names[: index % len(names)]
         measured = {name: steps[name]() for name in order}
         rates = {name: rate for name, (rate, _) in measured.items()}
         ms = {name: 1000.0 / rate for name, rate in rates.items()}
-        step_ms = measured["server"][1]
-        row = {
+        row: dict[str, Any] = {
             "round": index + 1,
             "order": order,
             "items_per_s": {name: round(rate, 1) for name, rate in rates.items()},
             "ms_per_request": {name: round(value, 3) for name, value in ms.items()},
-            "server_model_step_ms": round(step_ms, 3),
-            "server_adds_ms": round(ms["server"] - ms["engine"], 3),
-            "server_vs_engine": round(rates["server"] / rates["engine"], 3),
         }
+        if "server" in ms:
+            row["server_model_step_ms"] = round(measured["server"][1], 3)
+        if "server" in ms and "engine" in ms:
+            row["server_adds_ms"] = round(ms["server"] - ms["engine"], 3)
+            row["server_vs_engine"] = round(rates["server"] / rates["engine"], 3)
+        if "instant" in ms and "uvicorn" in ms:
+            row["instant_adds_ms"] = round(ms["instant"] - ms["uvicorn"], 3)
+            row["instant_vs_uvicorn"] = round(ms["instant"] / ms["uvicorn"], 3)
         rounds.append(row)
         print(json.dumps(row), flush=True)
 
-    def median(pick: Callable[[dict[str, Any]], float]) -> float:
-        return round(statistics.median(pick(row) for row in rounds), 3)
+    def median(key: str, within: str | None = None) -> float:
+        values = [float(row[within][key] if within else row[key]) for row in rounds]
+        return round(statistics.median(values), 3)
 
+    medians = {name: median(name, "ms_per_request") for name in names}
+    for key in (
+        "server_model_step_ms",
+        "server_adds_ms",
+        "server_vs_engine",
+        "instant_adds_ms",
+        "instant_vs_uvicorn",
+    ):
+        if key in rounds[0]:
+            medians[key] = median(key)
     return {
         "command": " ".join(["python", "benchmarks/one_client.py", *sys.argv[1:]]),
+        "steps": names,
         "rounds": rounds,
-        "median": {
-            **{name: median(lambda row, n=name: row["ms_per_request"][n]) for name in names},
-            "server_model_step_ms": median(lambda row: row["server_model_step_ms"]),
-            "server_adds_ms": median(lambda row: row["server_adds_ms"]),
-            "server_vs_engine": median(lambda row: row["server_vs_engine"]),
-        },
+        "median": medians,
     }
 
 
+#: The table's columns: title, and how a row (or the medians) shows it, or None without it.
+COLUMNS: list[tuple[str, Callable[[dict[str, Any], dict[str, Any]], str | None]]] = [
+    ("engine alone", lambda ms, row: _ms(ms, "engine")),
+    ("server", lambda ms, row: _ms(ms, "server")),
+    ("its model step", lambda ms, row: _ms(row, "server_model_step_ms")),
+    ("server adds", lambda ms, row: _ms(row, "server_adds_ms")),
+    ("instant model served", lambda ms, row: _ms(ms, "instant")),
+    ("bare uvicorn", lambda ms, row: _ms(ms, "uvicorn")),
+    ("instant adds", lambda ms, row: _ms(row, "instant_adds_ms")),
+    ("instant / uvicorn", lambda ms, row: _ratio(row, "instant_vs_uvicorn")),
+    ("server / engine", lambda ms, row: _ratio(row, "server_vs_engine")),
+]
+
+
+def _ms(values: dict[str, Any], key: str) -> str | None:
+    return f"{values[key]:.3f} ms" if key in values else None
+
+
+def _ratio(values: dict[str, Any], key: str) -> str | None:
+    return f"{values[key]:.2f}" if key in values else None
+
+
 def table(result: dict[str, Any]) -> str:
+    median = result["median"]
+    shown = [(title, cell) for title, cell in COLUMNS if cell(median, median) is not None]
     lines = [
-        "| round | engine alone | server | its model step | server adds | instant model served "
-        "| server / engine |",
-        "|---|---|---|---|---|---|---|",
+        "| round | " + " | ".join(title for title, _ in shown) + " |",
+        "|---|" + "---|" * len(shown),
     ]
     for row in result["rounds"]:
-        ms = row["ms_per_request"]
-        lines.append(
-            f"| {row['round']} | {ms['engine']:.2f} ms | {ms['server']:.2f} ms "
-            f"| {row['server_model_step_ms']:.2f} ms | {row['server_adds_ms']:.2f} ms "
-            f"| {ms['instant']:.2f} ms "
-            f"| {row['server_vs_engine']:.2f} |"
-        )
-    m = result["median"]
-    lines.append(
-        f"| median | {m['engine']:.2f} ms | {m['server']:.2f} ms "
-        f"| {m['server_model_step_ms']:.2f} ms | {m['server_adds_ms']:.2f} ms "
-        f"| {m['instant']:.2f} ms | **{m['server_vs_engine']:.2f}** |"
-    )
+        cells = [cell(row["ms_per_request"], row) or "" for _, cell in shown]
+        lines.append(f"| {row['round']} | " + " | ".join(cells) + " |")
+    cells = [cell(median, median) or "" for _, cell in shown]
+    lines.append("| median | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -175,8 +257,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8.0, help="per measurement")
+    parser.add_argument(
+        "--steps",
+        default=",".join(STEPS),
+        help=f"which to measure, comma-separated (default: all of {','.join(STEPS)})",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the rounds here (JSON)")
+    parser.add_argument("--serve-floor", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.serve_floor:
+        serve_floor(args.host, args.port)
+        return 0
+    args.steps = [step.strip() for step in args.steps.split(",") if step.strip()]
+    unknown = sorted(set(args.steps) - set(STEPS))
+    if unknown or not args.steps:
+        parser.error(f"--steps takes some of {','.join(STEPS)}, not {','.join(unknown)}")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     result = run(args)
