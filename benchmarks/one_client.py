@@ -18,8 +18,9 @@ the server's rate is one over the sum of the steps. This script measures, interl
   is what serving costs as a multiple of it.
 
 Per round it prints the milliseconds per request of each, the server's own timing of its model
-step meanwhile (``/metrics``: the same ``predict``, inside the server), and what the server adds
-to the engine's call; the medians close the table.
+step meanwhile (``/metrics``: the same ``predict``, inside the server), what the server adds
+to the engine's call, and each server's CPU time per request (all its threads: on a shared
+machine the steadier figure); the medians close the table.
 
     python benchmarks/one_client.py --rounds 3 --seconds 8 --out docs/results/x.json
     python benchmarks/one_client.py --steps instant,uvicorn --rounds 3 --seconds 4
@@ -37,9 +38,13 @@ import shlex
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -97,18 +102,47 @@ def compute_seconds(url: str) -> tuple[float, float]:
     return sum(h.sum for h in series), sum(h.count for h in series)
 
 
-def served_rate(server_args: list[str], seconds: float, label: str) -> tuple[float, float]:
-    """Items/s of one client, and the model step's milliseconds per batch meanwhile."""
+@dataclass(frozen=True)
+class Measured:
+    """One step's figures: items/s of the client, and for a server its CPU time per request
+    (every thread of its process) and the model step's milliseconds per batch (``/metrics``)."""
+
+    items_per_s: float
+    server_cpu_ms: float | None = None
+    model_step_ms: float | None = None
+
+
+def warm(server: ServerProcess) -> None:
+    """The server's first requests: 2 s of the same client."""
+    asyncio.run(closed_loop(server.port, 1, 2.0, sentences(600)))
+
+
+def one_client(server: ServerProcess, seconds: float) -> tuple[float, float]:
+    """Items/s of one client against ``server``, and the server's CPU milliseconds per
+    request meanwhile (every thread of its process)."""
+    texts = sentences(600)
+    process = psutil.Process(server.pid)
+    before = process.cpu_times()
+    started = time.monotonic()
+    result = asyncio.run(closed_loop(server.port, 1, seconds, texts))
+    wall = time.monotonic() - started
+    after = process.cpu_times()
+    cpu = (after.user - before.user) + (after.system - before.system)
+    rate = float(result["items_per_s"])
+    return rate, 1000.0 * cpu / max(1.0, rate * wall)
+
+
+def served_rate(server_args: list[str], seconds: float, label: str) -> Measured:
+    """One client against ``python server.py``, and the model step's time per batch."""
     log = ROOT / "load_test_results" / f"one-client-{label}.log"
     env = {"PYTHONPATH": str(ROOT)}
     with ServerProcess(server_args, cwd=ROOT, log_path=log, env=env) as server:
-        texts = sentences(600)
-        asyncio.run(closed_loop(server.port, 1, 2.0, texts))
+        warm(server)
         spent, batches = compute_seconds(server.url)
-        result = asyncio.run(closed_loop(server.port, 1, seconds, texts))
+        rate, cpu_ms = one_client(server, seconds)
         spent_after, batches_after = compute_seconds(server.url)
     step_ms = 1000.0 * (spent_after - spent) / max(1.0, batches_after - batches)
-    return float(result["items_per_s"]), step_ms
+    return Measured(rate, cpu_ms, step_ms)
 
 
 def floor_answer() -> bytes:
@@ -145,16 +179,15 @@ def serve_floor(host: str, port: int) -> None:
     uvicorn.run(app, host=host, port=port, access_log=False, log_level="warning", lifespan="off")
 
 
-def floor_rate(seconds: float) -> tuple[float, float]:
-    """Items/s of the same client against :func:`serve_floor`, in a process of its own."""
+def floor_rate(seconds: float) -> Measured:
+    """The same client against :func:`serve_floor`, in a process of its own."""
     log = ROOT / "load_test_results" / "one-client-uvicorn.log"
     env = {"PYTHONPATH": str(ROOT)}
     command = f"{{python}} {shlex.quote(str(Path(__file__).resolve()))} --serve-floor"
     with ServerProcess([], command=command, cwd=ROOT, log_path=log, env=env) as server:
-        texts = sentences(600)
-        asyncio.run(closed_loop(server.port, 1, 2.0, texts))
-        result = asyncio.run(closed_loop(server.port, 1, seconds, texts))
-    return float(result["items_per_s"]), 0.0
+        warm(server)
+        rate, cpu_ms = one_client(server, seconds)
+    return Measured(rate, cpu_ms)
 
 
 #: Every step, in the order a round starts from.
@@ -162,8 +195,8 @@ STEPS = ("engine", "server", "instant", "uvicorn")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    steps: dict[str, Callable[[], tuple[float, float]]] = {
-        "engine": lambda: (engine_rate(args.seconds), 0.0),
+    steps: dict[str, Callable[[], Measured]] = {
+        "engine": lambda: Measured(engine_rate(args.seconds)),
         "server": lambda: served_rate(["--grpc-port", "0"], args.seconds, "server"),
         "instant": lambda: served_rate(
             ["--grpc-port", "0", "--model", INSTANT_MODEL], args.seconds, "instant"
@@ -175,22 +208,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for index in range(args.rounds):
         order = names[index % len(names) :] + names[: index % len(names)]
         measured = {name: steps[name]() for name in order}
-        rates = {name: rate for name, (rate, _) in measured.items()}
+        rates = {name: step.items_per_s for name, step in measured.items()}
         ms = {name: 1000.0 / rate for name, rate in rates.items()}
         row: dict[str, Any] = {
             "round": index + 1,
             "order": order,
             "items_per_s": {name: round(rate, 1) for name, rate in rates.items()},
             "ms_per_request": {name: round(value, 3) for name, value in ms.items()},
+            "server_cpu_ms": {
+                name: round(step.server_cpu_ms, 3)
+                for name, step in measured.items()
+                if step.server_cpu_ms is not None
+            },
         }
         if "server" in ms:
-            row["server_model_step_ms"] = round(measured["server"][1], 3)
+            row["server_model_step_ms"] = round(measured["server"].model_step_ms or 0.0, 3)
         if "server" in ms and "engine" in ms:
             row["server_adds_ms"] = round(ms["server"] - ms["engine"], 3)
             row["server_vs_engine"] = round(rates["server"] / rates["engine"], 3)
         if "instant" in ms and "uvicorn" in ms:
             row["instant_adds_ms"] = round(ms["instant"] - ms["uvicorn"], 3)
             row["instant_vs_uvicorn"] = round(ms["instant"] / ms["uvicorn"], 3)
+            cpu = row["server_cpu_ms"]
+            row["instant_cpu_vs_uvicorn"] = round(cpu["instant"] / cpu["uvicorn"], 3)
         rounds.append(row)
         print(json.dumps(row), flush=True)
 
@@ -198,13 +238,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         values = [float(row[within][key] if within else row[key]) for row in rounds]
         return round(statistics.median(values), 3)
 
-    medians = {name: median(name, "ms_per_request") for name in names}
+    medians: dict[str, Any] = {name: median(name, "ms_per_request") for name in names}
+    medians["server_cpu_ms"] = {
+        name: median(name, "server_cpu_ms") for name in rounds[0]["server_cpu_ms"]
+    }
     for key in (
         "server_model_step_ms",
         "server_adds_ms",
         "server_vs_engine",
         "instant_adds_ms",
         "instant_vs_uvicorn",
+        "instant_cpu_vs_uvicorn",
     ):
         if key in rounds[0]:
             medians[key] = median(key)
@@ -226,6 +270,9 @@ COLUMNS: list[tuple[str, Callable[[dict[str, Any], dict[str, Any]], str | None]]
     ("bare uvicorn", lambda ms, row: _ms(ms, "uvicorn")),
     ("instant adds", lambda ms, row: _ms(row, "instant_adds_ms")),
     ("instant / uvicorn", lambda ms, row: _ratio(row, "instant_vs_uvicorn")),
+    ("instant's server CPU", lambda ms, row: _ms(row["server_cpu_ms"], "instant")),
+    ("uvicorn's server CPU", lambda ms, row: _ms(row["server_cpu_ms"], "uvicorn")),
+    ("CPU: instant / uvicorn", lambda ms, row: _ratio(row, "instant_cpu_vs_uvicorn")),
     ("server / engine", lambda ms, row: _ratio(row, "server_vs_engine")),
 ]
 
