@@ -354,6 +354,8 @@ class ModelEvents:
         self._compute = metrics.batch_compute.labels(model)
         self._queue_wait = metrics.queue_wait.labels(model)
         self._release = metrics.batch_release
+        #: Its children by reason, resolved once each.
+        self._releases: dict[str, Counter] = {}
         self._rejected = metrics.rejected
         self._dropped = metrics.dropped
         self._model = model
@@ -366,7 +368,10 @@ class ModelEvents:
             self._batch_tokens.observe(tokens)
         self._compute.observe(compute_s)
         self._queue_wait.observe(queue_wait)
-        self._release.labels(self._model, reason).inc()
+        release = self._releases.get(reason)
+        if release is None:
+            release = self._releases[reason] = self._release.labels(self._model, reason)
+        release.inc()
         self.statistics.batch_done(items, compute_s)
 
     def request_done(self, queue_s: float, compute_s: float, total_s: float, ok: bool) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prometheus_client.metrics import Counter
+from prometheus_client.metrics import Counter, Histogram
 
 from batching.codecs.embed_options import EmbedPlan
 from batching.codecs.embedding import EmbedAnswer
@@ -65,7 +65,9 @@ class DataPlane:
     def __init__(self, deployments: Deployments, metrics: Metrics) -> None:
         self.deployments = deployments
         self.metrics = metrics
+        #: The label children of every request's count and latency, resolved once each.
         self._request_counters: dict[tuple[str, int], Counter] = {}
+        self._latencies: dict[str, Histogram] = {}
 
     def deployment(self, name: str | None, version: str | None = None) -> Deployment:
         """See :meth:`Deployments.get`."""
@@ -182,4 +184,7 @@ class DataPlane:
             counter = self.metrics.requests.labels(name, str(status))
             self._request_counters[key] = counter
         counter.inc()
-        self.metrics.request_latency.labels(name).observe(self.now() - started)
+        latency = self._latencies.get(name)
+        if latency is None:
+            latency = self._latencies[name] = self.metrics.request_latency.labels(name)
+        latency.observe(self.now() - started)
