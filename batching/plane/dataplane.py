@@ -23,8 +23,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prometheus_client.metrics import Counter, Histogram
-
 from batching.codecs.embed_options import EmbedPlan
 from batching.codecs.embedding import EmbedAnswer
 from batching.codecs.multivector import TokenAnswer
@@ -65,9 +63,6 @@ class DataPlane:
     def __init__(self, deployments: Deployments, metrics: Metrics) -> None:
         self.deployments = deployments
         self.metrics = metrics
-        #: The label children of every request's count and latency, resolved once each.
-        self._request_counters: dict[tuple[str, int], Counter] = {}
-        self._latencies: dict[str, Histogram] = {}
 
     def deployment(self, name: str | None, version: str | None = None) -> Deployment:
         """See :meth:`Deployments.get`."""
@@ -170,7 +165,7 @@ class DataPlane:
         """Count one request answered without a result in ``batching_rejected_total``, under
         ``reason`` (the README's table says which reason each status code is counted
         under). ``model`` is "" when the request was refused before its model was known."""
-        self.metrics.rejected.labels(model, reason).inc()
+        self.metrics.child(self.metrics.rejected, model, reason).inc()
 
     def record(self, deployment: Deployment | None, status: int, started: float) -> None:
         """Count one answered request under ``status`` and time it from ``started``;
@@ -178,13 +173,6 @@ class DataPlane:
         name = "" if deployment is None else deployment.name
         if deployment is not None:
             deployment.leases.give_back()
-        key = (name, status)
-        counter = self._request_counters.get(key)
-        if counter is None:
-            counter = self.metrics.requests.labels(name, str(status))
-            self._request_counters[key] = counter
-        counter.inc()
-        latency = self._latencies.get(name)
-        if latency is None:
-            latency = self._latencies[name] = self.metrics.request_latency.labels(name)
-        latency.observe(self.now() - started)
+        metrics = self.metrics
+        metrics.child(metrics.requests, name, str(status)).inc()
+        metrics.child(metrics.request_latency, name).observe(self.now() - started)
