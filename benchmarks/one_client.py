@@ -12,6 +12,10 @@ the server's rate is one over the sum of the steps. This script measures, interl
 - **instant model**: the same server and client with a model that answers at once (the test
   suite's option embedder: same door, options, token counting, batcher and thread hand-off):
   what serving alone costs per request;
+- **app**: the instant model's app in a process of its own, driven through its ASGI callable
+  one request at a time, no HTTP and no client: what the app itself costs (the door, the data
+  plane, the batcher, the hand-off to the instance's thread and back), its CPU per request the
+  steadiest figure of all on a shared machine;
 - **uvicorn**: bare uvicorn (its own HTTP protocol and event loop, as ``server.py`` picks
   them) with an ASGI app of a few lines that reads the body and answers the instant model's
   JSON, the same client: the floor, what the HTTP exchange itself costs. ``instant / uvicorn``
@@ -24,6 +28,8 @@ machine the steadier figure); the medians close the table.
 
     python benchmarks/one_client.py --rounds 3 --seconds 8 --out docs/results/x.json
     python benchmarks/one_client.py --steps instant,uvicorn --rounds 3 --seconds 4
+    # this checkout against another (an export of an older commit), in turn
+    python benchmarks/one_client.py --steps instant,uvicorn,app --compare-dir ../before
 
 Run it on a quiet machine: nothing else on the cores.
 """
@@ -80,6 +86,73 @@ print(json.dumps({"items_per_s": done / (time.perf_counter() - started)}))
 """
 
 
+#: The instant model's app driven in a process of its own through its ASGI callable, one
+#: request at a time on uvloop, no HTTP: what the app itself costs (the door, the data plane,
+#: the batcher and the hand-off to the instance's thread and back), all its threads' CPU.
+APP_SCRIPT = """
+import asyncio, json, sys, time
+import uvloop
+from batching import ModelConfig, create_app
+from benchmarks.serving import sentences
+
+async def main(seconds):
+    app = create_app(ModelConfig(name="OptionEmbedder", source=sys.argv[2]))
+    bodies = [text.encode() for text in sentences(600)]
+
+    async def call(method, path, body=b""):
+        never = asyncio.get_running_loop().create_future()  # the client never hangs up
+        headers = [(b"host", b"127.0.0.1"), (b"content-type", b"text/plain"),
+                   (b"content-length", str(len(body)).encode())]
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                 "method": method, "scheme": "http", "path": path, "raw_path": path.encode(),
+                 "query_string": b"", "root_path": "", "headers": headers,
+                 "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}
+        read = False
+        async def receive():
+            nonlocal read
+            if not read:
+                read = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await never
+        status = []
+        async def send(message):
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+        await app(scope, receive, send)
+        return status[0]
+
+    async with app.router.lifespan_context(app):
+        while await call("GET", "/v2/health/ready") != 200:
+            await asyncio.sleep(0.05)
+        for index in range(2000):
+            assert await call("POST", "/", bodies[index % 600]) == 200
+        done, cpu, started = 0, time.process_time(), time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            assert await call("POST", "/", bodies[done % 600]) == 200
+            done += 1
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    print(json.dumps({"items_per_s": done / wall, "cpu_ms": 1000 * cpu / done}))
+
+uvloop.run(main(float(sys.argv[1])))
+"""
+
+
+def app_rate(seconds: float, root: Path = ROOT) -> Measured:
+    """The instant model's app without HTTP (:data:`APP_SCRIPT`), in a process of its own,
+    from the checkout at ``root``."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(
+        [sys.executable, "-c", APP_SCRIPT, str(seconds), INSTANT_MODEL],
+        cwd=root,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return Measured(float(result["items_per_s"]), float(result["cpu_ms"]))
+
+
 def engine_rate(seconds: float) -> float:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
@@ -132,11 +205,13 @@ def one_client(server: ServerProcess, seconds: float) -> tuple[float, float]:
     return rate, 1000.0 * cpu / max(1.0, rate * wall)
 
 
-def served_rate(server_args: list[str], seconds: float, label: str) -> Measured:
-    """One client against ``python server.py``, and the model step's time per batch."""
+def served_rate(server_args: list[str], seconds: float, label: str, root: Path = ROOT) -> Measured:
+    """One client against ``python server.py`` of the checkout at ``root``, and the model
+    step's time per batch."""
     log = ROOT / "load_test_results" / f"one-client-{label}.log"
-    env = {"PYTHONPATH": str(ROOT)}
-    with ServerProcess(server_args, cwd=ROOT, log_path=log, env=env) as server:
+    env = {"PYTHONPATH": str(root)}
+    command = f"{{python}} {shlex.quote(str(root / 'server.py'))}"
+    with ServerProcess(server_args, command=command, cwd=root, log_path=log, env=env) as server:
         warm(server)
         spent, batches = compute_seconds(server.url)
         rate, cpu_ms = one_client(server, seconds)
@@ -191,7 +266,7 @@ def floor_rate(seconds: float) -> Measured:
 
 
 #: Every step, in the order a round starts from.
-STEPS = ("engine", "server", "instant", "uvicorn")
+STEPS = ("engine", "server", "instant", "uvicorn", "app")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -202,8 +277,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ["--grpc-port", "0", "--model", INSTANT_MODEL], args.seconds, "instant"
         ),
         "uvicorn": lambda: floor_rate(args.seconds),
+        "app": lambda: app_rate(args.seconds),
     }
     names = [name for name in STEPS if name in args.steps]
+    other: Path | None = args.compare_dir
+    if other is not None:
+        # The same steps of the other checkout, measured in turn with this one's.
+        twins: dict[str, Callable[[], Measured]] = {
+            "server": lambda: served_rate(["--grpc-port", "0"], args.seconds, "server-o", other),
+            "instant": lambda: served_rate(
+                ["--grpc-port", "0", "--model", INSTANT_MODEL], args.seconds, "instant-o", other
+            ),
+            "app": lambda: app_rate(args.seconds, other),
+        }
+        for name in [name for name in names if name in twins]:
+            steps[f"{name}@{other.name}"] = twins[name]
+            names.insert(names.index(name) + 1, f"{name}@{other.name}")
     rounds: list[dict[str, Any]] = []
     for index in range(args.rounds):
         order = names[index % len(names) :] + names[: index % len(names)]
@@ -273,6 +362,8 @@ COLUMNS: list[tuple[str, Callable[[dict[str, Any], dict[str, Any]], str | None]]
     ("instant's server CPU", lambda ms, row: _ms(row["server_cpu_ms"], "instant")),
     ("uvicorn's server CPU", lambda ms, row: _ms(row["server_cpu_ms"], "uvicorn")),
     ("CPU: instant / uvicorn", lambda ms, row: _ratio(row, "instant_cpu_vs_uvicorn")),
+    ("app alone, no HTTP", lambda ms, row: _ms(ms, "app")),
+    ("its CPU", lambda ms, row: _ms(row["server_cpu_ms"], "app")),
     ("server / engine", lambda ms, row: _ratio(row, "server_vs_engine")),
 ]
 
@@ -285,9 +376,21 @@ def _ratio(values: dict[str, Any], key: str) -> str | None:
     return f"{values[key]:.2f}" if key in values else None
 
 
+def _twin_ms(name: str) -> Callable[[dict[str, Any], dict[str, Any]], str | None]:
+    return lambda ms, row: _ms(ms, name)
+
+
+def _twin_cpu(name: str) -> Callable[[dict[str, Any], dict[str, Any]], str | None]:
+    return lambda ms, row: _ms(row["server_cpu_ms"], name)
+
+
 def table(result: dict[str, Any]) -> str:
     median = result["median"]
-    shown = [(title, cell) for title, cell in COLUMNS if cell(median, median) is not None]
+    columns = list(COLUMNS)
+    for name in [name for name in result["steps"] if "@" in name]:
+        columns.append((name, _twin_ms(name)))
+        columns.append((f"{name} CPU", _twin_cpu(name)))
+    shown = [(title, cell) for title, cell in columns if cell(median, median) is not None]
     lines = [
         "| round | " + " | ".join(title for title, _ in shown) + " |",
         "|---|" + "---|" * len(shown),
@@ -310,6 +413,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"which to measure, comma-separated (default: all of {','.join(STEPS)})",
     )
     parser.add_argument("--out", type=Path, default=None, help="write the rounds here (JSON)")
+    parser.add_argument(
+        "--compare-dir",
+        type=Path,
+        default=None,
+        help="another checkout (an export of an older commit): its server, instant and app "
+        "steps are measured too, each in turn with this checkout's",
+    )
     parser.add_argument("--serve-floor", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
