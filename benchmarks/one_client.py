@@ -14,8 +14,9 @@ the server's rate is one over the sum of the steps. This script measures, interl
   what serving alone costs per request;
 - **app**: the instant model's app in a process of its own, driven through its ASGI callable
   one request at a time, no HTTP and no client: what the app itself costs (the door, the data
-  plane, the batcher, the hand-off to the instance's thread and back), its CPU per request the
-  steadiest figure of all on a shared machine;
+  plane, the batcher, the hand-off to the instance's thread and back), its CPU per request,
+  and the event loop's Python function calls per request (cProfile's count over 500 more
+  requests: the same on any machine, busy or not);
 - **uvicorn**: bare uvicorn (its own HTTP protocol and event loop, as ``server.py`` picks
   them) with an ASGI app of a few lines that reads the body and answers the instant model's
   JSON, the same client: the floor, what the HTTP exchange itself costs. ``instant / uvicorn``
@@ -90,7 +91,7 @@ print(json.dumps({"items_per_s": done / (time.perf_counter() - started)}))
 #: request at a time on uvloop, no HTTP: what the app itself costs (the door, the data plane,
 #: the batcher and the hand-off to the instance's thread and back), all its threads' CPU.
 APP_SCRIPT = """
-import asyncio, json, sys, time
+import asyncio, cProfile, json, pstats, sys, time
 import uvloop
 from batching import ModelConfig, create_app
 from benchmarks.serving import sentences
@@ -131,7 +132,13 @@ async def main(seconds):
             assert await call("POST", "/", bodies[done % 600]) == 200
             done += 1
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-    print(json.dumps({"items_per_s": done / wall, "cpu_ms": 1000 * cpu / done}))
+        profile = cProfile.Profile()
+        profile.enable()
+        for index in range(500):
+            await call("POST", "/", bodies[index % 600])
+        profile.disable()
+    calls = sum(row[1] for row in pstats.Stats(profile).stats.values()) / 500
+    print(json.dumps({"items_per_s": done / wall, "cpu_ms": 1000 * cpu / done, "calls": calls}))
 
 uvloop.run(main(float(sys.argv[1])))
 """
@@ -150,7 +157,7 @@ def app_rate(seconds: float, root: Path = ROOT) -> Measured:
         text=True,
     )
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    return Measured(float(result["items_per_s"]), float(result["cpu_ms"]))
+    return Measured(float(result["items_per_s"]), float(result["cpu_ms"]), calls=result["calls"])
 
 
 def engine_rate(seconds: float) -> float:
@@ -183,6 +190,8 @@ class Measured:
     items_per_s: float
     server_cpu_ms: float | None = None
     model_step_ms: float | None = None
+    #: The event loop's Python function calls per request (cProfile's count; the app step).
+    calls: float | None = None
 
 
 def warm(server: ServerProcess) -> None:
@@ -309,6 +318,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for name, step in measured.items()
                 if step.server_cpu_ms is not None
             },
+            "calls_per_request": {
+                name: round(step.calls, 1) for name, step in measured.items() if step.calls
+            },
         }
         if "server" in ms:
             row["server_model_step_ms"] = round(measured["server"].model_step_ms or 0.0, 3)
@@ -330,6 +342,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     medians: dict[str, Any] = {name: median(name, "ms_per_request") for name in names}
     medians["server_cpu_ms"] = {
         name: median(name, "server_cpu_ms") for name in rounds[0]["server_cpu_ms"]
+    }
+    medians["calls_per_request"] = {
+        name: median(name, "calls_per_request") for name in rounds[0]["calls_per_request"]
     }
     for key in (
         "server_model_step_ms",
@@ -364,12 +379,17 @@ COLUMNS: list[tuple[str, Callable[[dict[str, Any], dict[str, Any]], str | None]]
     ("CPU: instant / uvicorn", lambda ms, row: _ratio(row, "instant_cpu_vs_uvicorn")),
     ("app alone, no HTTP", lambda ms, row: _ms(ms, "app")),
     ("its CPU", lambda ms, row: _ms(row["server_cpu_ms"], "app")),
+    ("its calls per request", lambda ms, row: _calls(row["calls_per_request"], "app")),
     ("server / engine", lambda ms, row: _ratio(row, "server_vs_engine")),
 ]
 
 
 def _ms(values: dict[str, Any], key: str) -> str | None:
     return f"{values[key]:.3f} ms" if key in values else None
+
+
+def _calls(values: dict[str, Any], key: str) -> str | None:
+    return f"{values[key]:.0f}" if key in values else None
 
 
 def _ratio(values: dict[str, Any], key: str) -> str | None:
@@ -384,12 +404,18 @@ def _twin_cpu(name: str) -> Callable[[dict[str, Any], dict[str, Any]], str | Non
     return lambda ms, row: _ms(row["server_cpu_ms"], name)
 
 
+def _twin_calls(name: str) -> Callable[[dict[str, Any], dict[str, Any]], str | None]:
+    return lambda ms, row: _calls(row["calls_per_request"], name)
+
+
 def table(result: dict[str, Any]) -> str:
     median = result["median"]
     columns = list(COLUMNS)
     for name in [name for name in result["steps"] if "@" in name]:
         columns.append((name, _twin_ms(name)))
         columns.append((f"{name} CPU", _twin_cpu(name)))
+        if name.startswith("app@"):
+            columns.append((f"{name} calls", _twin_calls(name)))
     shown = [(title, cell) for title, cell in columns if cell(median, median) is not None]
     lines = [
         "| round | " + " | ".join(title for title, _ in shown) + " |",
