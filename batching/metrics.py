@@ -6,12 +6,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from batching.core.events import BatchRun, RequestRun
 from batching.prefix_metrics import PrefixMetrics
 from batching.runtime.deployment import Deployment
+
+#: A labelled family: a child of it is of its own type.
+MetricT = TypeVar("MetricT", Counter, Gauge, Histogram)
 
 __all__ = [
     "Duration",
@@ -212,6 +216,19 @@ class Metrics:
             registry=r,
         )
 
+        #: The label children the request path counts with, resolved once each (``labels``
+        #: costs a lock, a tuple and a dict look-up per call).
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def child(self, family: MetricT, *labels: str) -> MetricT:
+        """``family.labels(*labels)``, resolved once: the request path's one way to a child
+        of a labelled family."""
+        key = (id(family), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = family.labels(*labels)
+        return cast(MetricT, found)
+
     def for_model(self, model: str) -> ModelEvents:
         return ModelEvents(self, model)
 
@@ -353,9 +370,7 @@ class ModelEvents:
         self._batch_tokens = metrics.batch_tokens.labels(model)
         self._compute = metrics.batch_compute.labels(model)
         self._queue_wait = metrics.queue_wait.labels(model)
-        self._release = metrics.batch_release
-        self._rejected = metrics.rejected
-        self._dropped = metrics.dropped
+        self._metrics = metrics
         self._model = model
 
     def batch_done(
@@ -366,18 +381,18 @@ class ModelEvents:
             self._batch_tokens.observe(tokens)
         self._compute.observe(compute_s)
         self._queue_wait.observe(queue_wait)
-        self._release.labels(self._model, reason).inc()
+        self._metrics.child(self._metrics.batch_release, self._model, reason).inc()
         self.statistics.batch_done(items, compute_s)
 
     def request_done(self, queue_s: float, compute_s: float, total_s: float, ok: bool) -> None:
         self.statistics.request_done(queue_s, compute_s, total_s, ok)
 
     def rejected(self, reason: str) -> None:
-        self._rejected.labels(self._model, reason).inc()
+        self._metrics.child(self._metrics.rejected, self._model, reason).inc()
         self.statistics.request_refused()
 
     def dropped(self, reason: str, items: int) -> None:
-        self._dropped.labels(self._model, reason).inc(items)
+        self._metrics.child(self._metrics.dropped, self._model, reason).inc(items)
 
     def batch_ran(self, batch: BatchRun) -> None:
         return None  # traces' business (batching.tracing); batch_done counted it

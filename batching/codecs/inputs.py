@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from batching.documents import listed
+from batching.documents import listed, per_document
 from batching.errors import InvalidRequest, UnprocessableInput
 from batching.models.items import Item
 
@@ -49,8 +49,10 @@ class InputSpec:
     exclusive: bool = False
 
 
+@per_document
 def input_specs(metadata: Mapping[str, object]) -> list[InputSpec]:
-    """The inputs ``metadata`` declares, in order; empty when it declares none."""
+    """The inputs ``metadata`` declares, in order; empty when it declares none. Read once per
+    metadata (:func:`~batching.documents.per_document`): the list is shared, never change it."""
     specs = []
     for tensor in listed(metadata.get("inputs")):
         if not isinstance(tensor, Mapping) or "name" not in tensor:

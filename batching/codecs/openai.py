@@ -35,7 +35,7 @@ import numpy as np
 import orjson
 
 from batching import errors
-from batching.documents import JSONObject, listed, parse_object
+from batching.documents import JSONObject, listed, parse_object, per_document
 from batching.errors import BatchingError, InvalidRequest
 
 from .capability import first_output
@@ -265,6 +265,7 @@ def check_token_limits(lengths: Sequence[int]) -> None:
 # --- what a model's metadata says ----------------------------------------------------------
 
 
+@per_document
 def is_embedding_model(metadata: Mapping[str, object]) -> bool:
     """Whether a model's metadata describes an embedding model: its first input is text
     (BYTES) and its first output one FP32 vector per item (shape ``[-1, dim]``)."""

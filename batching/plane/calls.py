@@ -89,7 +89,7 @@ class Call:
 
     def refused(self, reason: str) -> None:
         """Count this request as answered without a result, under ``reason``."""
-        self.metrics.rejected.labels(self.deployment.name, reason).inc()
+        self.metrics.child(self.metrics.rejected, self.deployment.name, reason).inc()
 
     def expired(self, running: bool) -> DeadlineExceeded:
         """The 504 of this request once its deadline passed, counted, saying which deadline

@@ -23,8 +23,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prometheus_client.metrics import Counter
-
 from batching.codecs.embed_options import EmbedPlan
 from batching.codecs.embedding import EmbedAnswer
 from batching.codecs.multivector import TokenAnswer
@@ -65,7 +63,6 @@ class DataPlane:
     def __init__(self, deployments: Deployments, metrics: Metrics) -> None:
         self.deployments = deployments
         self.metrics = metrics
-        self._request_counters: dict[tuple[str, int], Counter] = {}
 
     def deployment(self, name: str | None, version: str | None = None) -> Deployment:
         """See :meth:`Deployments.get`."""
@@ -168,7 +165,7 @@ class DataPlane:
         """Count one request answered without a result in ``batching_rejected_total``, under
         ``reason`` (the README's table says which reason each status code is counted
         under). ``model`` is "" when the request was refused before its model was known."""
-        self.metrics.rejected.labels(model, reason).inc()
+        self.metrics.child(self.metrics.rejected, model, reason).inc()
 
     def record(self, deployment: Deployment | None, status: int, started: float) -> None:
         """Count one answered request under ``status`` and time it from ``started``;
@@ -176,10 +173,6 @@ class DataPlane:
         name = "" if deployment is None else deployment.name
         if deployment is not None:
             deployment.leases.give_back()
-        key = (name, status)
-        counter = self._request_counters.get(key)
-        if counter is None:
-            counter = self.metrics.requests.labels(name, str(status))
-            self._request_counters[key] = counter
-        counter.inc()
-        self.metrics.request_latency.labels(name).observe(self.now() - started)
+        metrics = self.metrics
+        metrics.child(metrics.requests, name, str(status)).inc()
+        metrics.child(metrics.request_latency, name).observe(self.now() - started)

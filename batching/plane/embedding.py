@@ -122,4 +122,4 @@ async def _checked(call: Call, plan: EmbedPlan, counts: TokenCounts) -> list[boo
 def _truncated(call: Call, flags: list[bool] | None) -> None:
     cut = sum(flags) if flags else 0
     if cut:
-        call.metrics.truncated.labels(call.deployment.name).inc(cut)
+        call.metrics.child(call.metrics.truncated, call.deployment.name).inc(cut)

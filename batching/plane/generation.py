@@ -123,9 +123,9 @@ class Generation:
         self.stream.cancel()
         if not self._counted:
             self._counted = True
-            self.call.metrics.generated_tokens.labels(self.call.deployment.name).inc(
-                self.stream.generated
-            )
+            self.call.metrics.child(
+                self.call.metrics.generated_tokens, self.call.deployment.name
+            ).inc(self.stream.generated)
 
 
 def _scheduler(call: Call) -> StepScheduler:
@@ -189,7 +189,7 @@ async def _first(call: Call, stream: Stream) -> Generation:
     except BaseException:
         stream.cancel()
         raise
-    call.metrics.first_token.labels(call.deployment.name).observe(
+    call.metrics.child(call.metrics.first_token, call.deployment.name).observe(
         asyncio.get_running_loop().time() - started
     )
     return Generation(call, stream, first)

@@ -6,7 +6,6 @@ Inputs and outputs cross a pipe, pickled. A child that dies surfaces as
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import pickle
@@ -55,8 +54,7 @@ class ProcessInstance(InstanceBase):
         return None if process is None else process.pid
 
     async def start(self, max_batch_size: int) -> InstanceInfo:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._spawn, max_batch_size)
+        return await self._executor.call_soon(self._spawn, max_batch_size)
 
     def _spawn(self, max_batch_size: int) -> InstanceInfo:
         try:
@@ -137,8 +135,7 @@ class ProcessInstance(InstanceBase):
     async def run(self, inputs: list[Item]) -> tuple[Outputs, float]:
         if self._closed:
             raise InstanceLost("the instance is closed")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._call, inputs)
+        return await self._executor.call_soon(self._call, inputs)
 
     def close(self) -> None:
         with self._lock:

@@ -6,7 +6,6 @@ model releases the GIL while it computes, as torch does.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import TypeVar, TypeVarTuple
 
@@ -57,8 +56,7 @@ class ThreadInstance(InstanceBase):
         self._fixed_threads = fixed_threads
 
     async def start(self, max_batch_size: int) -> InstanceInfo:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._load, max_batch_size)
+        return await self._executor.call_soon(self._load, max_batch_size)
 
     def _load(self, max_batch_size: int) -> InstanceInfo:
         # In its deployment's turn to load (batching.models.loading): one model at a time.
@@ -78,10 +76,7 @@ class ThreadInstance(InstanceBase):
         model = self._model
         if model is None:
             raise InstanceLost("the instance has no loaded model")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._executor, self._sharing, predict_timed, model, inputs
-        )
+        return await self._executor.call_soon(self._sharing, predict_timed, model, inputs)
 
     async def call(self, function: Callable[[Model], T]) -> T:
         """``function(model)`` on the instance's thread (between its batches): how the
@@ -89,8 +84,7 @@ class ThreadInstance(InstanceBase):
         model = self._model
         if model is None:
             raise InstanceLost("the instance has no loaded model")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._sharing, function, model)
+        return await self._executor.call_soon(self._sharing, function, model)
 
     def _sharing(self, function: Callable[[*Ts], T], *args: *Ts) -> T:
         """``function(*args)`` on the threads the model's share of the cores lends it."""

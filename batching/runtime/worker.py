@@ -6,10 +6,17 @@ returns (a hung download, a lock, a runaway loop) then keeps the process alive a
 server has shut down, SIGTERM or not. An instance's thread holds nothing that must outlive the
 server (a process instance's child is killed by its ``close``), so it is a daemon: the process
 ends when the server is done, whatever the model is doing.
+
+The event loop hands it a call with :meth:`InstanceThread.call_soon`: the call's answer comes
+back as an asyncio future, settled by one ``call_soon_threadsafe`` from the thread. That is
+half of what ``loop.run_in_executor`` costs on every batch (a ``concurrent.futures.Future``
+with its condition variable, and the chained callbacks that copy its state across), which with
+a model that answers at once was a tenth of the event loop's time per request (profiled).
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import queue
 import threading
@@ -19,6 +26,7 @@ from typing import ParamSpec, TypeVar
 __all__ = ["InstanceThread"]
 
 T = TypeVar("T")
+V = TypeVar("V")
 P = ParamSpec("P")
 
 #: A call waiting for the thread: what cancels its future, and what runs it (and resolves it).
@@ -58,14 +66,47 @@ class InstanceThread(concurrent.futures.Executor):
             else:
                 future.set_result(result)
 
+        self._enqueue(future.cancel, run)
+        return future
+
+    def call_soon(
+        self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+    ) -> asyncio.Future[T]:
+        """``fn(*args)`` on the thread, in turn; its result (or exception) as a future of the
+        running event loop. Cancelling the future before its turn comes skips the call (a
+        call already running runs to its end, its answer dropped).
+
+        Call it on the event loop's thread."""
+        if kwargs:
+            raise TypeError("InstanceThread.call_soon takes positional arguments only")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+
+        def run() -> None:
+            if future.cancelled():  # read across threads: at worst a call nobody waits for
+                return
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: B036 - the caller's future carries it
+                _answer(loop, _fail, future, exc)
+            else:
+                _answer(loop, _settle, future, result)
+
+        def cancel() -> bool:
+            _answer(loop, _cancel, future, None)
+            return True
+
+        self._enqueue(cancel, run)
+        return future
+
+    def _enqueue(self, cancel: Callable[[], bool], run: Callable[[], None]) -> None:
         with self._lock:
             if self._shut:
                 raise RuntimeError("cannot schedule new calls after shutdown")
-            self._calls.put((future.cancel, run))
+            self._calls.put((cancel, run))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
                 self._thread.start()
-        return future
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No call is taken from now on; the ones queued run first, unless
@@ -98,3 +139,30 @@ class InstanceThread(concurrent.futures.Executor):
                 return
             call[1]()
             del call  # no reference outlives the call
+
+
+def _answer(
+    loop: asyncio.AbstractEventLoop,
+    how: Callable[[asyncio.Future[T], V], None],
+    future: asyncio.Future[T],
+    value: V,
+) -> None:
+    """Settle ``future`` on its loop, from any thread; a loop already closed hears nothing."""
+    try:
+        loop.call_soon_threadsafe(how, future, value)
+    except RuntimeError:  # the loop is closed: nobody is left to answer
+        pass
+
+
+def _settle(future: asyncio.Future[T], result: T) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _fail(future: asyncio.Future[T], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+def _cancel(future: asyncio.Future[T], _: object) -> None:
+    future.cancel()

@@ -82,3 +82,52 @@ def test_a_call_that_never_returns_does_not_keep_the_process_alive() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "leaving\n"
+
+
+@pytest.mark.anyio
+async def test_call_soon_answers_on_the_loop_in_turn_with_its_result_or_its_exception() -> None:
+    worker = InstanceThread("m-0")
+    seen: list[tuple[int, str]] = []
+
+    def record(number: int) -> int:
+        seen.append((number, threading.current_thread().name))
+        if number == 3:
+            raise ValueError("bad batch")
+        return number * 2
+
+    futures = [worker.call_soon(record, n) for n in range(5)]
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    worker.shutdown()
+    assert results[:3] == [0, 2, 4] and results[4] == 8
+    assert isinstance(results[3], ValueError) and str(results[3]) == "bad batch"
+    assert seen == [(n, "m-0") for n in range(5)]
+
+
+@pytest.mark.anyio
+async def test_a_call_cancelled_before_its_turn_never_runs() -> None:
+    worker = InstanceThread("m-0")
+    gate = threading.Event()
+    ran: list[str] = []
+    running = worker.call_soon(gate.wait, 10)
+    skipped = worker.call_soon(ran.append, "skipped")
+    skipped.cancel()
+    gate.set()
+    assert await running is True
+    assert await worker.call_soon(ran.append, "after") is None
+    worker.shutdown()
+    assert ran == ["after"]
+
+
+@pytest.mark.anyio
+async def test_shutdown_cancels_the_calls_still_waiting_for_their_turn() -> None:
+    worker = InstanceThread("m-0")
+    gate = threading.Event()
+    running = worker.call_soon(gate.wait, 10)
+    queued = worker.call_soon(sum, [1])
+    worker.shutdown(wait=False, cancel_futures=True)
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        worker.call_soon(sum, [1])
+    gate.set()
+    assert await running is True
