@@ -87,7 +87,9 @@ def profile(generator: TextGenerator, rows: int, steps: int, threads: int) -> di
                     for _ in range(5):
                         batch.step()
                 kernels = sum(
-                    e.self_cpu_time_total for e in p.key_averages() if e.key.startswith("aten::")
+                    e.self_cpu_time_total
+                    for e in p.key_averages()
+                    if e.key.startswith(("aten::", "mkldnn::"))
                 )
                 profiled = 5
                 continue

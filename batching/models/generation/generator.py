@@ -35,6 +35,7 @@ from ..shared.text_models import DEFAULT_MAX_LENGTH, LazyCounter
 from ..shared.torch_models import WEIGHTS_LOADING, TokenCounter, resolve_device, warmup_text
 from ..tasks.generation import CHAT_TEMPLATE_KEY
 from .completion_rule import fit, rule_of
+from .packed_head import pack_output_layer
 from .pieces import Answer
 from .row_options import extras_of
 from .running import Prompt, RunningBatchBase
@@ -161,6 +162,9 @@ class GenerationModel:
         model.eval()
         self._model, self._tokenizer = model, tokenizer
         self.configure(model)
+        packing = pack_output_layer(model)
+        if packing is not None:
+            logger.info("%s: %s", self.path.name, packing)
         beams = getattr(model.generation_config, "num_beams", 1) or 1
         if beams > 1:
             # Sequences join and leave a running batch step by step: one beam each.
