@@ -64,6 +64,8 @@ if TYPE_CHECKING:  # annotations only: a server whose engine is not torch never 
 
 __all__ = ["SentenceEmbedder"]
 
+#: Words of the warm-up's short texts (its batch of the cap).
+WARMUP_SHORT_WORDS = 16
 #: The calibration texts are embedded this many at a time.
 _CALIBRATION_BATCH = 32
 #: Prompt lengths remembered (prompts come from the folder's list and the operator's default,
@@ -424,7 +426,14 @@ class SentenceEmbedder:
         return self._token_counter().length(text, limit)
 
     def warmup_inputs(self, max_batch_size: int) -> list[list[str]]:
-        return warmup_batches(warmup_text(self.max_seq_length), max_batch_size)
+        """One text of the full length alone, then the batch cap of short texts (the lengths
+        most requests have): each dimension at its largest once, without a batch of the cap
+        at the full length, which took over half of a cached start (the engine's choice
+        measured that size already)."""
+        if max_batch_size <= 1:
+            return warmup_batches(warmup_text(self.max_seq_length), max_batch_size)
+        short = warmup_text(min(WARMUP_SHORT_WORDS, self.max_seq_length))
+        return [[warmup_text(self.max_seq_length)], [short] * max_batch_size]
 
     def metadata(self) -> dict[str, object]:
         quantization = self._quantization
