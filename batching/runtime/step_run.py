@@ -93,7 +93,10 @@ class StepRun:
             batch.leave(finished)
             gone |= finished
             after = time.perf_counter()
-            self.post(stepped, after - before)
+            try:
+                self.post(stepped, after - before)
+            except RuntimeError:  # the event loop closed (shutting down): nobody reads on
+                return None
             if after - started >= self.max_seconds or self._changed(gone):
                 return None
         return None

@@ -125,3 +125,17 @@ def test_a_step_that_raises_ends_the_run_and_its_rows_leave() -> None:
     assert isinstance(failed, RuntimeError)
     assert len(posted) == 2
     assert len(batch) == 0
+
+
+def test_a_run_ends_when_the_event_loop_it_posts_to_has_closed() -> None:
+    batch = Rows({1: 100})
+    posted: list[int] = []
+
+    def post(pieces: list[Piece], seconds: float) -> None:
+        posted.append(len(pieces))
+        if len(posted) == 2:
+            raise RuntimeError("Event loop is closed")
+
+    run = StepRun(batch, set(), [(1, Watched())], lambda: False, lambda: 0.0, post)
+    assert run(None) is None
+    assert batch.steps == 2

@@ -170,7 +170,9 @@ class DecodeBatch(RunningBatchBase[tuple[DynamicCache, torch.Tensor]]):
         # A row echoing its prompt's log-probabilities needs every prompt position computed:
         # such a turn reuses no prefix (its blocks are still kept for later turns).
         echoed = [row for row in rows if row.prompt.echo and row.prompt.logprobs is not None]
-        logits, prefill, hidden = self._run([row.prompt.ids for row in rows], whole=bool(echoed))
+        logits, prefill, hidden = self._run(
+            [row.prompt.ids for row in rows], count=self.recount, whole=bool(echoed)
+        )
         width = int(prefill.input_ids.shape[1])
         for row in echoed:
             index, length = rows.index(row), len(row.prompt.ids)

@@ -163,6 +163,9 @@ class RunningBatchBase(Generic[Joined]):
         #: What padded rows hold where they have no token.
         self.pad = pad if isinstance(pad, int) else 0
         self.rows: list[Row] = []
+        #: Whether a prefill counts its prefixes' finds (not when it retries one by one what a
+        #: shared prefill counted before it raised).
+        self.recount = True
         #: The decoder's cache columns of every row, 1 = real ([rows, columns]).
         self.mask: torch.Tensor | None = None
         self.threads = Threads()
@@ -240,7 +243,12 @@ class RunningBatchBase(Generic[Joined]):
             except Exception:
                 pieces = []
         if len(pieces) != len(ready):
-            pieces = [self._join_alone(key, prompt) for key, prompt in ready]
+            # Their prefixes were looked up (and counted) by the shared try already.
+            self.recount = len(ready) == 1
+            try:
+                pieces = [self._join_alone(key, prompt) for key, prompt in ready]
+            finally:
+                self.recount = True
         for place, piece in zip(places, pieces, strict=True):
             outcomes[place] = piece
         return outcomes

@@ -271,3 +271,30 @@ async def test_the_doors_answer_the_same_with_and_without_the_cache_and_metrics_
     assert sample("batching_prefix_cache_reused_tokens_total", "kept") >= 32 * (len(SUFFIXES) - 1)
     assert sample("batching_prefix_cache_capacity_bytes", "plain") == 0
     assert sample("batching_prefix_cache_hits_total", "plain") == 0
+
+
+def test_a_shared_prefill_that_fails_counts_each_prompts_prefix_once(
+    generator: TextGenerator, expected: list[list[int]]
+) -> None:
+    cache = prefix_cache(4, BLOCK)
+    run(batch_with(generator, cache), {0: [(0, items()[0])]})
+    before = cache.stats()
+    mixed = list(enumerate(items()))[1:]
+    batch = batch_with(generator, cache)
+    original = batch.threads.run
+    failed: list[int] = []
+
+    def fails_once_together(governor: Any, rows: int, tokens: int, forward: Any) -> Any:
+        if rows > 1 and not failed:
+            failed.append(rows)
+            raise RuntimeError("the shared prefill broke")
+        return original(governor, rows, tokens, forward)
+
+    batch.threads.run = fails_once_together  # type: ignore[method-assign]
+    tokens = run(batch, {0: mixed}, together=True)
+    assert failed == [len(mixed)]  # the shared try raised; each prompt then joined alone
+    assert [tokens[key] for key, _ in mixed] == expected[1:]
+    after = cache.stats()
+    # As many finds as when the shared prefill did not fail: counted by the shared try only.
+    assert after.hits - before.hits == 4
+    assert after.misses - before.misses == 1
