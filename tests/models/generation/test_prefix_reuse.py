@@ -77,6 +77,15 @@ def items() -> list[TaskItem]:
     return [item(prompt, 10) for prompt in PROMPTS]
 
 
+def primed(generator: TextGenerator) -> tuple[Any, Any, list[tuple[int, TaskItem]], DecodeBatch]:
+    """A cache that kept the first prompt only (the others find all of the system prefix,
+    part of it: the half-prefix prompt, or nothing: the short and the unrelated prompt), its
+    statistics then, the other prompts, and a batch reading that cache."""
+    cache = prefix_cache(4, BLOCK)
+    run(batch_with(generator, cache), {0: [(0, items()[0])]})
+    return cache, cache.stats(), list(enumerate(items()))[1:], batch_with(generator, cache)
+
+
 def test_greedy_tokens_with_reused_prefixes_are_the_tokens_without(
     generator: TextGenerator, expected: list[list[int]]
 ) -> None:
@@ -100,13 +109,7 @@ def test_greedy_tokens_with_reused_prefixes_are_the_tokens_without(
 def test_newcomers_mixing_hits_misses_and_prefix_lengths_get_their_own_tokens(
     generator: TextGenerator, expected: list[list[int]]
 ) -> None:
-    cache = prefix_cache(4, BLOCK)
-    # Only the first prompt is kept: the others find all of the system prefix, part of it
-    # (the half-prefix prompt), or nothing (the short and the unrelated prompt).
-    run(batch_with(generator, cache), {0: [(0, items()[0])]})
-    before = cache.stats()
-    mixed = list(enumerate(items()))[1:]
-    batch = batch_with(generator, cache)
+    cache, before, mixed, batch = primed(generator)
     seen: list[tuple[int, int]] = []
     original = batch.threads.run
 
@@ -276,11 +279,7 @@ async def test_the_doors_answer_the_same_with_and_without_the_cache_and_metrics_
 def test_a_shared_prefill_that_fails_counts_each_prompts_prefix_once(
     generator: TextGenerator, expected: list[list[int]]
 ) -> None:
-    cache = prefix_cache(4, BLOCK)
-    run(batch_with(generator, cache), {0: [(0, items()[0])]})
-    before = cache.stats()
-    mixed = list(enumerate(items()))[1:]
-    batch = batch_with(generator, cache)
+    cache, before, mixed, batch = primed(generator)
     original = batch.threads.run
     failed: list[int] = []
 
