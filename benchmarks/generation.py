@@ -495,7 +495,8 @@ def against_vllm(args: argparse.Namespace, reqs: list[Req]) -> None:
             folder = build_model(Path(tmp) / name, args.positions, args.width, args.layers, vocab)
             flags = ["--model", str(folder), "--task", "text-generation", "--name", MODEL]
             flags += ["--max-batch-size", str(args.concurrency)]
-            logs = Path(args.json).parent / "vs-vllm-logs"
+            # The servers' logs stay out of the results (they name this machine's paths).
+            logs = ROOT / "load_test_results" / "vs-vllm-logs"
             logs.mkdir(parents=True, exist_ok=True)
             ours = checkout_server(ROOT, flags, logs / f"ours-{name}.log")
             results[name] = vllm_side.compare(
