@@ -23,7 +23,6 @@ from batching.models.media import (
 from batching.models.parameters import InvalidParameter, Parameters
 from batching.models.source import ModelSource
 from batching.models.tasks.audio import DEFAULT_MAX_SECONDS
-from batching.models.tasks.generation import streams
 from batching.models.tasks.table import check_defaults
 
 __all__ = [
@@ -198,11 +197,6 @@ class ModelConfig:
         if (self.warmup_data == "file") != (self.warmup_file is not None):
             raise ValueError('warmup_file is required with warmup_data="file", and only then')
         spec = self.model_source
-        if self.instance_kind == "process" and streams(spec.task):
-            raise ValueError(
-                f"instance_kind: {spec.task} runs on thread instances (its decode loop steps the "
-                "model on the instance's own thread); use instance_kind 'thread'"
-            )
         # Raises EngineConfigError (a ValueError): one line saying what to do.
         check_engine_settings(
             self.engine,

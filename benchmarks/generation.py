@@ -355,6 +355,12 @@ def main() -> None:
         help="another checkout of this project: its plain door is measured too, in turn",
     )
     parser.add_argument(
+        "--baseline-flags",
+        default="",
+        help="the baseline server's extra flags, e.g. --baseline . "
+        '--baseline-flags="--instance-kind process"',
+    )
+    parser.add_argument(
         "--vs-vllm",
         type=Path,
         default=None,
@@ -383,7 +389,8 @@ def main() -> None:
         server = checkout_server(ROOT, flags, Path(tmp) / "server.log")
         baseline = None
         if args.baseline is not None:
-            baseline = checkout_server(args.baseline, flags, Path(tmp) / "baseline.log")
+            extra = shlex.split(args.baseline_flags)
+            baseline = checkout_server(args.baseline, flags + extra, Path(tmp) / "baseline.log")
             baseline.start()
         server.start()
         try:
@@ -391,6 +398,8 @@ def main() -> None:
             # first connection): not a lone request's time to first token.
             asyncio.run(streams(server.url, reqs[:2], 2))
             rates, plain_rates, baseline_rates, ttfts, lone_ttfts = [], [], [], [], []
+            baseline_streams: list[float] = []
+            baseline_ttfts: list[float] = []
             for _ in range(args.repeats):  # the alternatives interleaved
                 lone = [asyncio.run(streams(server.url, [reqs[i]], 1))[1][0] for i in range(3)]
                 lone_ttfts.append(statistics.median(r.ttft for r in lone))
@@ -403,6 +412,9 @@ def main() -> None:
                 if baseline is not None:
                     baseline_s = asyncio.run(plain_door(baseline.url, reqs, args.concurrency))
                     baseline_rates.append(tokens / baseline_s)
+                    taken, streamed = asyncio.run(streams(baseline.url, reqs, args.concurrency))
+                    baseline_streams.append(sum(r.tokens for r in streamed) / taken)
+                    baseline_ttfts.append(statistics.median(r.ttft for r in streamed))
             race = asyncio.run(short_during_long(server.url, args.long))
         finally:
             server.stop()
@@ -430,7 +442,12 @@ def main() -> None:
         "baseline_plain_door_tokens_per_s": (
             statistics.median(baseline_rates) if baseline_rates else None
         ),
+        "baseline_streams_tokens_per_s": (
+            statistics.median(baseline_streams) if baseline_streams else None
+        ),
+        "baseline_ttft_p50_s": statistics.median(baseline_ttfts) if baseline_ttfts else None,
         "baseline": None if args.baseline is None else str(args.baseline),
+        "baseline_flags": args.baseline_flags,
         "offline_continuous": offline,
         "ttft_p50_s": statistics.median(ttfts),
         "lone_ttft_s": statistics.median(lone_ttfts),
@@ -438,6 +455,8 @@ def main() -> None:
             "streams_tokens_per_s": rates,
             "plain_door_tokens_per_s": plain_rates,
             "baseline_plain_door_tokens_per_s": baseline_rates,
+            "baseline_streams_tokens_per_s": baseline_streams,
+            "baseline_ttft_p50_s": baseline_ttfts,
             "offline_tokens_per_s": [o.get("tokens_per_s") for o in offlines],
             "ttft_p50_s": ttfts,
             "lone_ttft_s": lone_ttfts,
@@ -475,6 +494,14 @@ def main() -> None:
             (
                 "the baseline checkout's plain door, output tokens/s",
                 f"{figures['baseline_plain_door_tokens_per_s']:.0f}",
+            ),
+        )
+        rows.insert(
+            1,
+            (
+                "the baseline's streams, output tokens/s (TTFT p50)",
+                f"{figures['baseline_streams_tokens_per_s']:.0f} "
+                f"({figures['baseline_ttft_p50_s'] * 1000:.0f} ms)",
             ),
         )
     for name, value in rows:

@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import cast
 
 from batching.core.batcher import Batcher
 from batching.core.events import BatchEvents
@@ -24,9 +25,11 @@ from batching.models.loading import LOADING, Turn
 from batching.models.protocol import ModelHooks, hooks_of, tensors_of
 from batching.models.tasks.generation import streams
 
-from .base import InstanceFactory, ModelFactory
+from .base import Instance, InstanceFactory, ModelFactory
+from .batch_host import BatchHost, ThreadHost
 from .leases import Leases
 from .process import ProcessInstance
+from .process_host import GeneratingProcess
 from .scheduler import StepScheduler, run_scheduler
 from .threads import ThreadInstance
 from .warmup import InstanceInfo, WarmupPlan
@@ -82,7 +85,8 @@ def instance_factory_for(config: ModelConfig, index: int) -> InstanceFactory:
     (``config.instance_kind``), told its index and the model's warm-up plan."""
     warmup = WarmupPlan.of(config)
     if config.instance_kind == "process":
-        return functools.partial(ProcessInstance, index=index, warmup=warmup)
+        kind = GeneratingProcess if streams(config.model_source.task) else ProcessInstance
+        return functools.partial(kind, index=index, warmup=warmup)
     cores = CORES.party(config.name, config.cpu_share)
     fixed = os.environ.get(ADAPTIVE_THREADS_VARIABLE, "1") == "0"
 
@@ -328,13 +332,13 @@ class Deployment:
             self.batcher.ready_instances += 1
             serving_since = self._clock()
             decoding: asyncio.Task[None] | None = None
-            call = getattr(instance, "call", None)
-            if self.scheduler is not None and call is not None:
-                decoding = asyncio.create_task(run_scheduler(self.scheduler, call))
+            host = batch_host_of(instance, self.name)
+            if self.scheduler is not None and host is not None:
+                decoding = asyncio.create_task(run_scheduler(self.scheduler, host))
             try:
                 if self._on_ready is not None:
                     self._on_ready(self, index, info)
-                await self.batcher.serve(instance.run, label)
+                await self._serve(instance, label, decoding)
             except InstanceLost as exc:
                 logger.error("model %s instance %d died (%s); restarting", self.name, index, exc)
             finally:
@@ -347,6 +351,26 @@ class Deployment:
             if self.batcher.draining:
                 return  # shutting down: nothing to restart for
             await asyncio.sleep(backoff.after_death(serving_since, self._clock()))
+
+    async def _serve(
+        self, instance: Instance, label: str, decoding: asyncio.Task[None] | None
+    ) -> None:
+        """The batcher's collector of ``instance`` until it is lost; a decode loop that
+        ends (the place its running batch lived is gone) loses the instance too."""
+        if decoding is None:
+            await self.batcher.serve(instance.run, label)
+            return
+        serving = asyncio.ensure_future(self.batcher.serve(instance.run, label))
+        try:
+            await asyncio.wait({serving, decoding}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not serving.done():
+                serving.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await serving
+        if not serving.cancelled():
+            serving.result()  # raises what ended it
+        raise InstanceLost("its decode loop stopped")
 
     async def drain(self, grace: float) -> None:
         """Refuse new requests (503, and not ready) and wait up to ``grace`` seconds for what
@@ -372,3 +396,13 @@ class Deployment:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self.batcher.fail_all(NotReady("the server shut down before serving this request"))
+
+
+def batch_host_of(instance: object, name: str) -> BatchHost | None:
+    """Where ``instance``'s running batch lives, if it can hold one: its own host (a
+    generating process), or its thread (an instance that runs functions of its model)."""
+    own = getattr(instance, "batch_host", None)
+    if own is not None:
+        return cast("BatchHost", own())
+    call = getattr(instance, "call", None)
+    return None if call is None else ThreadHost(call, name)

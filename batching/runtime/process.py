@@ -18,11 +18,12 @@ from typing import IO, cast
 
 from batching.core.jobs import InstanceLost, Outputs
 from batching.models.items import Item
+from batching.models.protocol import Model
 
 from .base import InstanceBase, predict_timed, yield_cpu_to_the_server
 from .warmup import InstanceInfo, Loaded, load_and_warm
 
-__all__ = ["ProcessInstance"]
+__all__ = ["ProcessInstance", "child_setup", "read_frame", "reply", "reply_error", "write_frame"]
 
 
 class ProcessInstance(InstanceBase):
@@ -43,6 +44,8 @@ class ProcessInstance(InstanceBase):
     """
 
     kind = "process"
+    #: What the child runs (a module's entry point, nothing of the parent's ``__main__``).
+    boot = "from batching.runtime.process import _child_main; _child_main()"
 
     _closed = False
     _process: subprocess.Popen[bytes] | None = None
@@ -70,7 +73,7 @@ class ProcessInstance(InstanceBase):
                 raise InstanceLost("the instance was closed before it started")
             # Under the lock, so that close() either sees the process or prevents it.
             process = subprocess.Popen(
-                [sys.executable, "-c", _CHILD_BOOT],
+                [sys.executable, "-c", self.boot],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 env=env,
@@ -89,7 +92,7 @@ class ProcessInstance(InstanceBase):
         if process is None or process.stdin is None:
             raise InstanceLost("the instance process is not running")
         try:
-            _write_frame(process.stdin, data)
+            write_frame(process.stdin, data)
         except (OSError, ValueError) as exc:  # ValueError: the pipe was closed here
             raise InstanceLost(self._exit_message(when)) from exc
 
@@ -98,7 +101,7 @@ class ProcessInstance(InstanceBase):
         if process is None or process.stdout is None:
             raise InstanceLost("the instance process is not running")
         try:
-            frame = _read_frame(process.stdout)
+            frame = read_frame(process.stdout)
         except (EOFError, OSError, ValueError) as exc:
             raise InstanceLost(self._exit_message(when)) from exc
         try:
@@ -164,13 +167,10 @@ class ProcessInstance(InstanceBase):
                     stream.close()
 
 
-#: What the child runs: nothing of the parent's ``__main__``, only this module's entry point.
-_CHILD_BOOT = "from batching.runtime.process import _child_main; _child_main()"
-
 _FRAME_HEADER = struct.Struct("!Q")
 
 
-def _write_frame(stream: IO[bytes], data: bytes) -> None:
+def write_frame(stream: IO[bytes], data: bytes) -> None:
     stream.write(_FRAME_HEADER.pack(len(data)) + data)
     stream.flush()
 
@@ -186,16 +186,19 @@ def _read_exactly(stream: IO[bytes], size: int) -> bytes:
     return b"".join(chunks)
 
 
-def _read_frame(stream: IO[bytes]) -> bytes:
+def read_frame(stream: IO[bytes]) -> bytes:
     (size,) = _FRAME_HEADER.unpack(_read_exactly(stream, _FRAME_HEADER.size))
     return _read_exactly(stream, size)
 
 
-def _child_main() -> None:
-    """The child process of a :class:`ProcessInstance`: load, warm, then serve batches."""
+def child_setup() -> tuple[object, IO[bytes], IO[bytes]] | None:
+    """In the child process: take the frames' pipes, load and warm the model the parent
+    sends, and tell the parent. The model and the pipes (requests, replies); None when
+    loading failed (the parent was told) or the parent is gone."""
     # The frames own the original stdin and stdout; the model's prints go to stderr, and
     # its reads of stdin see an empty file.
-    requests = os.fdopen(os.dup(0), "rb")
+    # Unbuffered: nothing of a later frame is read ahead where select() cannot see it.
+    requests = os.fdopen(os.dup(0), "rb", buffering=0)
     replies = os.fdopen(os.dup(1), "wb")
     sys.stdout.flush()
     os.dup2(2, 1)
@@ -206,12 +209,12 @@ def _child_main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     yield_cpu_to_the_server()
     try:
-        factory, device, index, warmup, max_batch_size = pickle.loads(_read_frame(requests))
+        factory, device, index, warmup, max_batch_size = pickle.loads(read_frame(requests))
     except EOFError:
-        return
+        return None
 
     def loaded(progress: Loaded) -> None:
-        _reply(replies, ("ok", progress))
+        reply(replies, ("ok", progress))
 
     try:
         model = factory()
@@ -219,44 +222,53 @@ def _child_main() -> None:
             model, device, max_batch_size, index=index, warmup=warmup, on_loaded=loaded
         )
     except BaseException as exc:  # noqa: B036
-        _reply_error(replies, exc)
+        reply_error(replies, exc)
+        return None
+    if not reply(replies, ("ok", info)):
+        return None
+    return model, requests, replies
+
+
+def _child_main() -> None:
+    """The child process of a :class:`ProcessInstance`: load, warm, then serve batches."""
+    setup = child_setup()
+    if setup is None:
         return
-    if not _reply(replies, ("ok", info)):
-        return
+    model, requests, replies = setup
     while True:
         try:
-            inputs = pickle.loads(_read_frame(requests))
+            inputs = pickle.loads(read_frame(requests))
         except (EOFError, OSError):
             return  # the parent is gone
         try:
-            result = predict_timed(model, inputs)
+            result = predict_timed(cast("Model", model), inputs)
         except InstanceLost as exc:
-            _reply_error(replies, exc)
+            reply_error(replies, exc)
             return
         except Exception as exc:
-            if not _reply_error(replies, exc):
+            if not reply_error(replies, exc):
                 return
             continue
-        if not _reply(replies, ("ok", result)):
+        if not reply(replies, ("ok", result)):
             return
 
 
-def _reply(stream: IO[bytes], message: tuple[str, object]) -> bool:
+def reply(stream: IO[bytes], message: tuple[str, object]) -> bool:
     """Send ``message``; False when the parent is gone."""
     try:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:
-        return _reply_error(
+        return reply_error(
             stream, RuntimeError(f"the instance process cannot send its outputs back: {exc!r}")
         )
     try:
-        _write_frame(stream, data)
+        write_frame(stream, data)
     except OSError:
         return False
     return True
 
 
-def _reply_error(stream: IO[bytes], exc: BaseException) -> bool:
+def reply_error(stream: IO[bytes], exc: BaseException) -> bool:
     if not isinstance(exc, Exception):
         exc = InstanceLost(f"the instance died: {exc!r}")
     if exc.__traceback__ is not None:
@@ -267,7 +279,7 @@ def _reply_error(stream: IO[bytes], exc: BaseException) -> bool:
     except Exception:
         data = pickle.dumps(("error", RuntimeError(f"{type(exc).__name__}: {exc}")))
     try:
-        _write_frame(stream, data)
+        write_frame(stream, data)
     except OSError:
         return False
     return True

@@ -33,11 +33,11 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar, runtime_checkable
 
 from batching.core.events import BatchEvents, NoEvents
+from batching.core.jobs import InstanceLost
 from batching.errors import (
     BatchingError,
     DeadlineExceeded,
@@ -50,51 +50,11 @@ from batching.models.generation.pieces import Joining, Piece, Status
 from batching.models.generation.prefix_cache import PrefixLedger
 from batching.models.items import Item
 
-from .step_run import StepRun
+from .batch_host import BatchHost
 
-__all__ = ["RunningBatch", "StepScheduler", "Stream", "run_scheduler"]
+__all__ = ["StepScheduler", "Stream", "run_scheduler"]
 
 logger = logging.getLogger("batching")
-
-T = TypeVar("T")
-
-
-class CallModel(Protocol):
-    """Runs a function of the instance's loaded model on the instance's own thread."""
-
-    def __call__(self, function: Callable[[object], T], /) -> Awaitable[T]: ...
-
-
-class RunningBatch(Protocol):
-    """The model side of the loop (:class:`batching.models.generation.running.RunningBatchBase`)."""
-
-    def __len__(self) -> int: ...
-
-    def join_items(self, items: Sequence[Joining]) -> list[Piece | BaseException]:
-        """The newcomers of one turn prefilled together: each its first piece, or the
-        exception that fails it alone, in their order."""
-        ...
-
-    def step(self) -> list[Piece]: ...
-
-    def leave(self, keys: set[int]) -> None: ...
-
-
-@runtime_checkable
-class GeneratingModel(Protocol):
-    """What the loop needs of a loaded generating model: its running batch, and how many
-    positions a sequence may take (its context)."""
-
-    def decode_batch(self) -> RunningBatch: ...
-
-    def positions(self) -> int: ...
-
-
-def _open_batch(model: object) -> tuple[RunningBatch, int]:
-    """The loaded ``model``'s running batch and its positions (on the instance's thread)."""
-    if not isinstance(model, GeneratingModel):
-        raise TypeError(f"a {type(model).__name__} model has no running batch to decode in")
-    return model.decode_batch(), model.positions()
 
 
 @dataclass(eq=False)
@@ -273,10 +233,10 @@ class StepScheduler:
 
     # -- the loop ---------------------------------------------------------------------------
 
-    async def serve(self, call: CallModel) -> None:
-        """Run decode steps on one instance (``call`` runs a function of its model on its
-        thread) until cancelled."""
-        batch, positions = await call(_open_batch)
+    async def serve(self, host: BatchHost) -> None:
+        """Run decode steps on one instance (``host``: where its running batch lives) until
+        cancelled."""
+        batch, positions = await host.open()
         if self.budget is None:
             self.budget = self.max_rows * int(positions)
         running: dict[int, Stream] = {}
@@ -287,7 +247,7 @@ class StepScheduler:
                 if not running and not self._waiting:
                     self._work.clear()
                     await self._work.wait()
-                await self._step(call, batch, running)
+                await self._step(host, running)
         finally:
             self.instances -= 1
             self.prefixes.retire(batch)
@@ -300,7 +260,7 @@ class StepScheduler:
                         NotReady("the server shut down before serving this request"),
                     )
 
-    async def _step(self, call: CallModel, batch: RunningBatch, running: dict[int, Stream]) -> None:
+    async def _step(self, host: BatchHost, running: dict[int, Stream]) -> None:
         now = self._now()
         leaving: set[int] = set()
         for key, stream in list(running.items()):
@@ -316,15 +276,14 @@ class StepScheduler:
                 continue
             joining.append(stream)
         if joining:
-            await self._join(call, batch, running, leaving, joining)
+            await self._join(host, running, leaving, joining)
             leaving = set()
         if running or leaving:
-            await self._advance(call, batch, running, leaving)
+            await self._advance(host, running, leaving)
 
     async def _join(
         self,
-        call: CallModel,
-        batch: RunningBatch,
+        host: BatchHost,
         running: dict[int, Stream],
         leaving: set[int],
         joining: list[Stream],
@@ -333,20 +292,8 @@ class StepScheduler:
         out without waiting for it."""
         items = [Joining(stream.key, stream.item, stream.place) for stream in joining]
 
-        def work(model: object) -> list[Piece | BaseException]:
-            batch.leave(leaving)
-            try:
-                joined = batch.join_items(items)
-            except Exception as exc:  # the batch's own fault: its newcomers fail
-                logger.exception("model %s: a prefill failed", self.name)
-                return [exc] * len(items)
-            batch.leave(
-                {p.key for p in joined if not isinstance(p, BaseException) and p.finish is not None}
-            )
-            return joined
-
         started, now = time.perf_counter(), self._now()
-        joined = await call(work)
+        joined = await host.join(leaving, items)
         seconds = time.perf_counter() - started
         pieces = [piece for piece in joined if not isinstance(piece, BaseException)]
         if pieces:
@@ -367,8 +314,7 @@ class StepScheduler:
 
     async def _advance(
         self,
-        call: CallModel,
-        batch: RunningBatch,
+        host: BatchHost,
         running: dict[int, Stream],
         leaving: set[int],
     ) -> None:
@@ -381,15 +327,13 @@ class StepScheduler:
         def post(pieces: list[Piece], seconds: float) -> None:
             loop.call_soon_threadsafe(self._stepped, running, stepping, pieces, seconds)
 
-        run = StepRun(
-            batch,
+        failed = await host.run(
             leaving,
             stepping,
-            lambda: bool(self._waiting) and len(batch) < self.max_rows,
+            lambda: bool(self._waiting) and len(running) < self.max_rows,
             self._clock or loop.time,
             post,
         )
-        failed = await call(run)
         if failed is not None:
             logger.error("model %s: a decode step failed", self.name, exc_info=failed)
             for key, _ in stepping:
@@ -440,10 +384,12 @@ class StepScheduler:
         self.draining = True
 
 
-async def run_scheduler(scheduler: StepScheduler, call: CallModel) -> None:
+async def run_scheduler(scheduler: StepScheduler, host: BatchHost) -> None:
     """:meth:`StepScheduler.serve`, logging an unexpected end."""
     with contextlib.suppress(asyncio.CancelledError):
         try:
-            await scheduler.serve(call)
+            await scheduler.serve(host)
+        except InstanceLost as exc:  # the deployment says so, and restarts the instance
+            logger.error("model %s: the decode loop lost its instance (%s)", scheduler.name, exc)
         except Exception:
             logger.exception("model %s: the decode loop stopped", scheduler.name)

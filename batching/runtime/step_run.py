@@ -29,7 +29,7 @@ from typing import Protocol
 
 from batching.models.generation.pieces import Piece, Status
 
-__all__ = ["MAX_SECONDS", "MAX_STEPS", "StepRun"]
+__all__ = ["MAX_SECONDS", "MAX_STEPS", "StepRun", "Watched"]
 
 #: The most steps one run takes before it hands back to the event loop.
 MAX_STEPS = 256

@@ -22,6 +22,7 @@ from batching.errors import (
 from batching.models.generation.causal import TextGenerator
 from batching.models.generation.pieces import Joining, Piece, Status
 from batching.models.parameters import TaskItem
+from batching.runtime.batch_host import ThreadHost
 from batching.runtime.scheduler import StepScheduler
 from tests.support.generators import causal_reference, direct, gpt2_folder
 from tests.support.running_batches import (
@@ -234,7 +235,7 @@ async def started(decoder: StepScheduler, batch: Scripted) -> asyncio.Task[None]
         finally:
             loaded.set()
 
-    task = asyncio.create_task(decoder.serve(call))
+    task = asyncio.create_task(decoder.serve(ThreadHost(call)))
     await loaded.wait()  # serve counted the instance before it waited again
     assert decoder.instances == 1
     return task
