@@ -22,11 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from batching import BatchingConfig, ModelConfig, create_app
 from batching.keys import ApiKeys
 from tests.support.generators import (
-    causal_reference,
-    completion_of,
-    direct,
     direct_seq2seq,
     gpt2_folder,
+    greedy_text,
     t5_folder,
 )
 from tests.support.threaded import serving_in_thread
@@ -70,12 +68,6 @@ def client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
 
 
-def expected(folder: Path, prompt: str, tokens: int) -> str:
-    reference = causal_reference(folder)
-    ids = reference[0](prompt)["input_ids"]
-    return completion_of(reference, ids, direct(reference, ids, max_new_tokens=tokens))
-
-
 def children(marker: str) -> list[psutil.Process]:
     """This process's children running ``marker``'s module (the model's child)."""
     return [
@@ -98,10 +90,10 @@ def test_the_model_runs_in_a_child_and_sixteen_streams_get_their_lone_answers(
     assert len(children("process_host")) == 2  # one per model, neither in this process
     with ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(lambda prompt: streamed(client, prompt, 10), PROMPTS))
-    alone = {prompt: expected(folders["gpt2"], prompt, 10) for prompt in set(PROMPTS)}
+    alone = {prompt: greedy_text(folders["gpt2"], prompt, 10) for prompt in set(PROMPTS)}
     assert answers == [alone[prompt] for prompt in PROMPTS]
     whole = client.completions.create(model="gpt2", prompt=PROMPTS[2], max_tokens=7)
-    assert whole.choices[0].text == expected(folders["gpt2"], PROMPTS[2], 7)
+    assert whole.choices[0].text == greedy_text(folders["gpt2"], PROMPTS[2], 7)
     assert whole.usage is not None and whole.usage.completion_tokens == 7
 
 
@@ -137,7 +129,7 @@ def test_a_client_that_goes_away_leaves_and_the_next_is_served(
             break
         served.wait(0.05)
     assert served.is_set(), "the cancelled stream never left"
-    assert streamed(client, PROMPTS[1], 6) == expected(folders["gpt2"], PROMPTS[1], 6)
+    assert streamed(client, PROMPTS[1], 6) == greedy_text(folders["gpt2"], PROMPTS[1], 6)
 
 
 def sequences(url: str) -> float:
@@ -186,4 +178,4 @@ def test_a_child_killed_mid_stream_fails_that_stream_and_a_new_child_serves(
         assert served.is_set(), "a new child never served"
         (fresh,) = [c for c in children("process_host") if c.pid not in others]
         assert fresh.pid != child.pid
-        assert streamed(client, PROMPTS[2], 8) == expected(folder, PROMPTS[2], 8)
+        assert streamed(client, PROMPTS[2], 8) == greedy_text(folder, PROMPTS[2], 8)

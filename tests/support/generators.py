@@ -194,3 +194,11 @@ def direct_seq2seq(folder: Path, text: str, **kwargs: Any) -> str:
     with torch.inference_mode():
         out = model.generate(**encoded, do_sample=False, **kwargs)
     return str(tokenizer.decode(out[0], skip_special_tokens=True))
+
+
+def greedy_text(folder: Path, prompt: str, tokens: int) -> str:
+    """The greedy continuation of ``prompt`` by the causal LM in ``folder``, ``tokens`` new
+    tokens, decoded as a completion (transformers' ``generate``, alone)."""
+    reference = causal_reference(folder)
+    ids = reference[0](prompt)["input_ids"]
+    return completion_of(reference, ids, direct(reference, ids, max_new_tokens=tokens))

@@ -20,7 +20,11 @@ from tritonclient.utils import InferenceServerException
 from batching import BatchingConfig, ModelConfig, create_app
 from batching.errors import InferenceFailed
 from batching.keys import ApiKeys
-from tests.support.generators import causal_reference, completion_of, direct, gpt2_folder
+from tests.support.generators import (
+    causal_reference,
+    gpt2_folder,
+    greedy_text,
+)
 from tests.support.servers import free_port
 from tests.support.threaded import serving_in_thread
 
@@ -71,17 +75,10 @@ def client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
 
 
-def expected(folder: Path, prompt: str, tokens: int) -> str:
-    reference = causal_reference(folder)
-    ids = reference[0](prompt)["input_ids"]
-    new = direct(reference, ids, max_new_tokens=tokens)
-    return completion_of(reference, ids, new)
-
-
 def test_a_completion_is_the_greedy_continuation(client: openai.OpenAI, folder: Path) -> None:
     answer = client.completions.create(model="gpt2", prompt=PROMPTS[0], max_tokens=9)
     assert answer.object == "text_completion"
-    assert answer.choices[0].text == expected(folder, PROMPTS[0], 9)
+    assert answer.choices[0].text == greedy_text(folder, PROMPTS[0], 9)
     assert answer.choices[0].finish_reason == "length"
     assert answer.usage is not None
     assert answer.usage.completion_tokens == 9
@@ -101,7 +98,7 @@ def test_a_streamed_completion_sends_the_same_text_in_pieces(
     chunks = list(stream)
     texts = [chunk.choices[0].text for chunk in chunks if chunk.choices]
     assert len([text for text in texts if text]) > 1
-    assert "".join(texts) == expected(folder, PROMPTS[2], 12)
+    assert "".join(texts) == greedy_text(folder, PROMPTS[2], 12)
     assert chunks[-2].choices[0].finish_reason == "length"
     assert chunks[-1].choices == []
     assert chunks[-1].usage is not None
@@ -119,7 +116,7 @@ def test_sixteen_concurrent_streams_get_their_lone_answers(
 
     with ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(streamed, PROMPTS))
-    alone = {prompt: expected(folder, prompt, 10) for prompt in set(PROMPTS)}
+    alone = {prompt: greedy_text(folder, prompt, 10) for prompt in set(PROMPTS)}
     assert answers == [alone[prompt] for prompt in PROMPTS]
 
 
@@ -128,17 +125,19 @@ def test_chat_uses_the_tokenizers_template(client: openai.OpenAI, folder: Path) 
     prompt = "user: the cat\nassistant:"
     answer = client.chat.completions.create(model="gpt2", messages=messages, max_tokens=6)
     assert answer.choices[0].message.role == "assistant"
-    assert answer.choices[0].message.content == expected(folder, prompt, 6)
+    assert answer.choices[0].message.content == greedy_text(folder, prompt, 6)
     chunks = list(
         client.chat.completions.create(model="gpt2", messages=messages, max_tokens=6, stream=True)
     )
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected(folder, prompt, 6)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == greedy_text(
+        folder, prompt, 6
+    )
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
 def test_a_stop_string_ends_the_answer(client: openai.OpenAI, folder: Path) -> None:
-    whole = expected(folder, PROMPTS[1], 12)
+    whole = greedy_text(folder, PROMPTS[1], 12)
     stop = whole[3:5]
     answer = client.completions.create(model="gpt2", prompt=PROMPTS[1], max_tokens=12, stop=stop)
     assert answer.choices[0].text == whole[: whole.find(stop)]
@@ -248,7 +247,7 @@ def test_v2_generate_is_the_greedy_continuation(url: str, folder: Path) -> None:
     assert answer.json() == {
         "model_name": "gpt2",
         "model_version": "1",
-        "text_output": expected(folder, PROMPTS[0], 9),
+        "text_output": greedy_text(folder, PROMPTS[0], 9),
     }
 
 
@@ -265,7 +264,7 @@ def test_v2_generate_stream_sends_events_of_text_output(url: str, folder: Path) 
         events = [line for line in answer.iter_lines() if line]
     texts = [json.loads(line.removeprefix("data: "))["text_output"] for line in events]
     assert len(texts) > 1
-    assert "".join(texts) == expected(folder, PROMPTS[2], 12)
+    assert "".join(texts) == greedy_text(folder, PROMPTS[2], 12)
 
 
 @pytest.mark.parametrize(
@@ -349,15 +348,15 @@ def test_grpc_stream_sends_each_piece_and_a_final_flag(url: str, folder: Path) -
         ],
     )
     assert len(got["a"]) > 1
-    assert "".join(got["a"]) == expected(folder, PROMPTS[0], 9)
-    assert "".join(got["b"]) == expected(folder, PROMPTS[2], 12)
+    assert "".join(got["a"]) == greedy_text(folder, PROMPTS[0], 9)
+    assert "".join(got["b"]) == greedy_text(folder, PROMPTS[2], 12)
 
 
 def test_grpc_stream_with_an_empty_final_response(url: str, folder: Path) -> None:
     got = stream_texts(
         url, [("c", PROMPTS[1], {"max_new_tokens": 5})], enable_empty_final_response=True
     )
-    assert "".join(got["c"]) == expected(folder, PROMPTS[1], 5)
+    assert "".join(got["c"]) == greedy_text(folder, PROMPTS[1], 5)
 
 
 def test_grpc_stream_errors_end_their_request_only(url: str, folder: Path) -> None:
@@ -370,7 +369,7 @@ def test_grpc_stream_errors_end_their_request_only(url: str, folder: Path) -> No
     )
     assert len(got["errors"]) == 1
     assert "max_new_tokens" in got["errors"][0].message()
-    assert "".join(got["good"]) == expected(folder, PROMPTS[3], 6)
+    assert "".join(got["good"]) == greedy_text(folder, PROMPTS[3], 6)
 
 
 # -- the load tool's streamed generation ------------------------------------------------------
