@@ -34,7 +34,10 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=1800.0, help="requests/s")
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()
-    payloads = build_payloads(api="plain", items=(1, 1), count=256, seed=1)
+    # Every request a text of its own: the same body again from one address is a resend,
+    # which the server holds until the queue could take it (batching/http/resends.py).
+    count = int(args.rate * args.seconds) + 1
+    payloads = build_payloads(api="plain", items=(1, 1), count=count, seed=1)
     log = ROOT / "load_test_results" / "rejections-server.log"
     flags = [
         "--model",

@@ -48,6 +48,9 @@ TARGETS = {
 }
 
 
+#: Distinct request bodies (more than a run sends: none is sent twice).
+DISTINCT_BODIES = 65536
+
 #: The server must reach at least this share of the model's offline items/s at batch 32 (64
 #: one-text clients form batches of 32) for an overload run to describe the server at all.
 MIN_CAPACITY_SHARE = 0.5
@@ -144,7 +147,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("server_args", nargs="*", help="after --: flags for server.py")
     args = parser.parse_args(argv)
 
-    payloads = build_payloads(api="plain", items=(1, 1), count=1024, seed=1)
+    # Every request a text of its own, as distinct clients send: the same body again from one
+    # address is a resend, which the server holds until the queue could take it
+    # (batching/http/resends.py), and the refusals measured would be those holds.
+    payloads = build_payloads(api="plain", items=(1, 1), count=DISTINCT_BODIES, seed=1)
     # Before the server starts, so that the two never compete for the cores.
     offline = (
         offline_capacity(args.server_args, args.offline_seconds) if args.offline_seconds else None
