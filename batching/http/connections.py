@@ -63,10 +63,13 @@ from .probes import PROBE_HEADER_TIMEOUT, PROBE_PATHS, ProbeReserve
 from .resends import RequestKey, Resends, content_length, holdable
 from .uvicorn_check import check_uvicorn
 
-__all__ = ["HOLD_KEY", "hold_resends", "protocol_class"]
+__all__ = ["ARRIVED_KEY", "HOLD_KEY", "hold_resends", "protocol_class"]
 
 #: Where a door leaves, in a refused request's scope, how long an early resend of it is held.
 HOLD_KEY = "batching.hold"
+#: Where the connection leaves, in a request's scope, the event loop's time its head was
+#: complete: its deadline counts from then, even when it is held before it starts.
+ARRIVED_KEY = "batching.arrived"
 
 
 def hold_resends(scope: MutableMapping[str, object], exc: Unavailable) -> None:
@@ -260,6 +263,9 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None:
+            # The request's deadline counts from here, however long it is held before it
+            # starts (an early resend, below).
+            cycle.scope[ARRIVED_KEY] = self._body_started  # type: ignore[literal-required]
             adopt(cycle, self.transport, self)
         if self._probe_only and cycle is not None:
             cycle.keep_alive = False  # one probe per reserved connection

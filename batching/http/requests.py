@@ -9,7 +9,9 @@ from starlette.requests import Request
 
 from batching.errors import InvalidRequest, PayloadTooLarge
 from batching.plane import Caller, DataPlane
+from batching.plane.calls import loop_time
 
+from .connections import ARRIVED_KEY
 from .middleware import request_id_of
 
 __all__ = [
@@ -93,8 +95,15 @@ def disconnect_of(request: Request) -> Callable[[], Awaitable[None]]:
 
 def caller_of(request: Request) -> Caller:
     """Who asks: the request's id, the timeout its header asks for, and its disconnect; its
-    deadline counts from now (call it as the request arrives).
+    deadline counts from when its connection had its head (an early resend held before it
+    starts keeps that time), or from now where no connection says.
 
     :raises InvalidRequest: a timeout header that is not a positive number.
     """
-    return Caller(request_id_of(request.scope), timeout_of(request), disconnect_of(request))
+    arrived = request.scope.get(ARRIVED_KEY)
+    return Caller(
+        request_id_of(request.scope),
+        timeout_of(request),
+        disconnect_of(request),
+        arrived if isinstance(arrived, float) else loop_time(),
+    )

@@ -20,7 +20,7 @@ import uvicorn
 
 from batching.core.admission import MIN_HOLD, hold_for
 from batching.errors import Overloaded
-from batching.http.connections import HOLD_KEY, hold_resends, protocol_class
+from batching.http.connections import ARRIVED_KEY, HOLD_KEY, hold_resends, protocol_class
 from batching.http.limits import ConnectionLimits
 from tests.support.asgi import app_with, echo_config, serving
 from tests.support.models import GatedModel
@@ -37,6 +37,9 @@ class RefusingApp:
     def __init__(self) -> None:
         self.started: list[tuple[bytes, float]] = []
         self.answered: list[float] = []
+        #: Per request: the loop's time its connection stamped as its arrival, and the
+        #: loop's time it reached the app.
+        self.arrivals: list[tuple[object, float]] = []
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -54,6 +57,7 @@ class RefusingApp:
             if not message.get("more_body"):
                 break
         self.started.append((body, time.monotonic()))
+        self.arrivals.append((scope.get(ARRIVED_KEY), asyncio.get_running_loop().time()))
         refuse = scope["path"] == "/refuse"
         if refuse:
             hold_resends(scope, Overloaded("busy", retry_after=1.0, hold=HOLD))
@@ -119,6 +123,35 @@ def test_the_same_request_sent_again_at_once_is_held_until_the_hold_passes() -> 
         # Refused again, it is held again: the third copy waits as well.
         assert post(sock, "/refuse", b"same text") == 503
         assert app.started[2][1] - app.answered[1] >= HOLD * 0.99
+
+
+def test_a_held_resend_keeps_the_time_it_arrived_so_its_deadline_counts_from_then() -> None:
+    """A request's deadline counts from its arrival (``caller_of`` reads the connection's
+    stamp): a resend held past its deadline is refused, never served and answered 200 late."""
+    app = RefusingApp()
+    with running(app) as port, socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        assert post(sock, "/refuse", b"same text") == 503
+        assert post(sock, "/refuse", b"same text") == 503
+    (first_arrived, first_started), (arrived, started) = app.arrivals
+    assert isinstance(first_arrived, float) and first_arrived <= first_started
+    assert isinstance(arrived, float)
+    assert started - arrived >= HOLD * 0.99  # held after it arrived; the stamp is the arrival
+
+
+@pytest.mark.anyio
+async def test_the_callers_deadline_counts_from_the_connections_stamp() -> None:
+    """``caller_of`` takes the arrival the connection stamped (a held resend's deadline has
+    been running while it was held); without a stamp, the arrival is now."""
+    from starlette.requests import Request
+
+    from batching.http.requests import caller_of
+
+    loop = asyncio.get_running_loop()
+    arrived = loop.time() - 1.0
+    caller = caller_of(Request({"type": "http", "headers": [], ARRIVED_KEY: arrived}))
+    assert caller.arrived == arrived
+    before = loop.time()
+    assert caller_of(Request({"type": "http", "headers": []})).arrived >= before
 
 
 def test_a_different_request_on_the_same_connection_is_not_held() -> None:
