@@ -263,10 +263,7 @@ class Deployment:
 
     @property
     def ready(self) -> bool:
-        """An instance serves, and for a generating model its decode loop has opened the
-        running batch (its doors refuse until then)."""
-        serving = self.batcher.ready_instances > 0 and not self.batcher.draining
-        return serving and (self.scheduler is None or self.scheduler.instances > 0)
+        return self.batcher.ready_instances > 0 and not self.batcher.draining
 
     def start(self) -> None:
         """Start every instance's supervisor; returns at once (loading goes on behind)."""
