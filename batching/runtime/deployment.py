@@ -131,6 +131,18 @@ async def _arrive(turn: Turn) -> None:
         raise
 
 
+async def _opened(opened: asyncio.Event, decoding: asyncio.Task[None]) -> None:
+    """Wait until a decode loop has opened its running batch; a loop that ends first
+    (its instance could not open one) loses the instance."""
+    waiting = asyncio.ensure_future(opened.wait())
+    try:
+        await asyncio.wait({waiting, decoding}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiting.cancel()
+    if not opened.is_set():
+        raise InstanceLost("its decode loop stopped before it opened a running batch")
+
+
 def make_policy(config: ModelConfig) -> BatchPolicy:
     batching = config.batching
     if batching.policy == "adaptive":
@@ -328,21 +340,29 @@ class Deployment:
                 info.warmup_s,
                 info.warmup_batches,
             )
-            # Ready before on_ready is told, so that it sees this instance serving.
-            self.batcher.ready_instances += 1
             serving_since = self._clock()
             decoding: asyncio.Task[None] | None = None
             host = batch_host_of(instance, self.name)
+            opened = asyncio.Event()
             if self.scheduler is not None and host is not None:
-                decoding = asyncio.create_task(run_scheduler(self.scheduler, host))
+                decoding = asyncio.create_task(run_scheduler(self.scheduler, host, opened))
+            counted = False
             try:
+                if decoding is not None:
+                    # A generating instance is ready once its decode loop takes streams:
+                    # until then its doors would refuse what the health probe invites.
+                    await _opened(opened, decoding)
+                # Ready before on_ready is told, so that it sees this instance serving.
+                self.batcher.ready_instances += 1
+                counted = True
                 if self._on_ready is not None:
                     self._on_ready(self, index, info)
                 await self._serve(instance, label, decoding)
             except InstanceLost as exc:
                 logger.error("model %s instance %d died (%s); restarting", self.name, index, exc)
             finally:
-                self.batcher.ready_instances -= 1
+                if counted:
+                    self.batcher.ready_instances -= 1
                 if decoding is not None:
                     decoding.cancel()
                     with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -233,15 +233,17 @@ class StepScheduler:
 
     # -- the loop ---------------------------------------------------------------------------
 
-    async def serve(self, host: BatchHost) -> None:
+    async def serve(self, host: BatchHost, opened: asyncio.Event | None = None) -> None:
         """Run decode steps on one instance (``host``: where its running batch lives) until
-        cancelled."""
+        cancelled; ``opened`` is set once its running batch is open and it takes streams."""
         batch, positions = await host.open()
         if self.budget is None:
             self.budget = self.max_rows * int(positions)
         running: dict[int, Stream] = {}
         self.instances += 1
         self.prefixes.track(batch)
+        if opened is not None:
+            opened.set()
         try:
             while True:
                 if not running and not self._waiting:
@@ -384,11 +386,13 @@ class StepScheduler:
         self.draining = True
 
 
-async def run_scheduler(scheduler: StepScheduler, host: BatchHost) -> None:
+async def run_scheduler(
+    scheduler: StepScheduler, host: BatchHost, opened: asyncio.Event | None = None
+) -> None:
     """:meth:`StepScheduler.serve`, logging an unexpected end."""
     with contextlib.suppress(asyncio.CancelledError):
         try:
-            await scheduler.serve(host)
+            await scheduler.serve(host, opened)
         except InstanceLost as exc:  # the deployment says so, and restarts the instance
             logger.error("model %s: the decode loop lost its instance (%s)", scheduler.name, exc)
         except Exception:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -112,3 +113,68 @@ def test_a_deployment_restarts_with_backoff_and_heals_by_its_clock() -> None:
     gaps = [round(b - a, 6) for a, b in zip(starts, starts[1:], strict=False)]
     assert len(starts) == 7
     assert gaps == [0, 1, 5, 15, 0, 1], starts
+
+
+class _GatedHost:
+    """A running batch that opens when the test says so."""
+
+    def __init__(self, gate: asyncio.Event) -> None:
+        self._gate = gate
+
+    async def open(self) -> tuple[object, int]:
+        await self._gate.wait()
+        return [], 64
+
+
+class _GeneratingInstance:
+    kind = "thread"
+    device = "cpu"
+
+    def __init__(self, gate: asyncio.Event) -> None:
+        self._gate = gate
+
+    async def start(self, max_batch_size: int) -> InstanceInfo:
+        return InstanceInfo(0.0, 0.0, 0, {})
+
+    def batch_host(self) -> _GatedHost:
+        return _GatedHost(self._gate)
+
+    async def run(self, inputs: list[Any]) -> tuple[Sequence[Any], float]:
+        await asyncio.Event().wait()  # never answers: this test reads readiness only
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        return None
+
+
+def test_a_generating_model_is_ready_only_once_its_decode_loop_takes_streams(
+    tmp_path: Path,
+) -> None:
+    """The health probe must not say ready while the doors would still refuse with 503 "not
+    ready"; and the ready announcement (the start-up's "ready" line) still comes, after."""
+    gate = asyncio.Event()
+    announced: list[bool] = []
+
+    async def main() -> None:
+        (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
+        config = ModelConfig(name="writer", source=str(tmp_path), task="text-generation")
+        deployment = Deployment(
+            config,
+            EchoModel,
+            instance_factory=lambda *_: _GeneratingInstance(gate),
+            on_ready=lambda d, *_: announced.append(d.scheduler.instances > 0),
+        )
+        assert deployment.scheduler is not None
+        deployment.start()
+        for _ in range(50):  # the instance starts; its decode loop waits on the gate
+            await asyncio.sleep(0)
+        assert not deployment.ready
+        assert announced == []
+        gate.set()
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert deployment.ready
+        assert announced == [True]
+        await deployment.stop(0.0)
+
+    asyncio.run(main())
