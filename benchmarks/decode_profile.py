@@ -11,7 +11,15 @@ stepped in this process (no server), 16 rows of 128 new tokens, split into
 - **the rest of the step**: the new token ids and attention mask built, the cache's columns.
 
 Each split is measured on one and on two intra-op threads (vLLM's CPU build computes on one
-core and leaves the other to its front end). The event loop's share in a served run is what
+core and leaves the other to its front end), and on each path a step can take (``--paths``):
+
+- **fused**: what the server runs: the fused GPT-2 step (:mod:`batching.models.generation.
+  fused_step`) and each row's text decoded a few tokens at a time (:mod:`batching.models.
+  generation.detokenizer`);
+- **modules**: transformers' forward computes the step (``BATCHING_FUSED_STEP=0``);
+- **whole**: the fused step, each row's new tokens decoded whole at every step.
+
+Runs are interleaved: every path on one thread, then on two, twice. The event loop's share in a served run is what
 ``py-spy`` shows of the server's main thread under ``benchmarks/generation.py``'s load (the
 command is in docs/generation.md).
 
@@ -41,11 +49,18 @@ from generation import VOCAB, build_model, workload  # noqa: E402
 
 from batching.models.generation import causal_batch, running  # noqa: E402
 from batching.models.generation.causal import TextGenerator  # noqa: E402
+from batching.models.generation.detokenizer import Detokenizer  # noqa: E402
 from batching.models.parameters import TaskItem  # noqa: E402
 
 
-def profile(generator: TextGenerator, rows: int, steps: int, threads: int) -> dict[str, float]:
-    """Milliseconds per step of each part, medians over ``steps`` steps of ``rows`` rows."""
+PATHS = ("fused", "modules", "whole")
+
+
+def profile(
+    generator: TextGenerator, rows: int, steps: int, threads: int, path: str = "fused"
+) -> dict[str, Any]:
+    """Milliseconds per step of each part on ``path`` (:data:`PATHS`), medians over
+    ``steps`` steps of ``rows`` rows."""
     torch.set_num_threads(threads)
     prompts = [
         generator._prepare(i, TaskItem(r.prompt, (("max_new_tokens", steps + 1),)))
@@ -73,6 +88,10 @@ def profile(generator: TextGenerator, rows: int, steps: int, threads: int) -> di
     try:
         batch = generator.direct_batch()
         batch.threads.fixed = True  # the count set here, not the governor's
+        if path == "modules":
+            batch.fused = None
+        elif path == "whole":
+            batch.detokenizer = Detokenizer(generator._tokenizer, whole=True)
         batch.join_many(list(enumerate(prompts)))
         forwards.clear()
         advances.clear()
@@ -110,6 +129,7 @@ def profile(generator: TextGenerator, rows: int, steps: int, threads: int) -> di
         causal_batch.DecodeBatch._forward = real_forward  # type: ignore[method-assign]
         running.RunningBatchBase._advance_all = real_advance  # type: ignore[method-assign]
     return {
+        "path": path,
         "threads": threads,
         "step_ms": step_ms,
         "forward_ms": forward_ms,
@@ -128,6 +148,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=VOCAB)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--paths", default=",".join(PATHS), help="of " + ", ".join(PATHS))
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -137,17 +158,25 @@ def main() -> None:
         generator.direct_batch().complete(  # warm-up: first shapes, allocator
             [generator._prepare(0, TaskItem("the cat", (("max_new_tokens", 8),)))]
         )
-        # Interleaved: one thread, two, one, two.
-        runs = [profile(generator, args.rows, args.steps, t) for t in (1, 2, 1, 2)]
-    keys = [k for k in runs[0] if k != "threads"]
+        # Interleaved: every path on one thread, then on two, twice.
+        runs = [
+            profile(generator, args.rows, args.steps, threads, path)
+            for threads in (1, 2, 1, 2)
+            for path in args.paths.split(",")
+        ]
+    keys = [k for k in runs[0] if k not in ("threads", "path")]
+    columns = [(path, threads) for path in args.paths.split(",") for threads in (1, 2)]
     medians = {
-        threads: {k: statistics.median(r[k] for r in runs if r["threads"] == threads) for k in keys}
-        for threads in (1, 2)
+        column: {
+            k: statistics.median(r[k] for r in runs if (r["path"], r["threads"]) == column)
+            for k in keys
+        }
+        for column in columns
     }
     print(f"{args.rows} rows, vocabulary {args.vocab}, ms per step (medians of 2 runs)")
-    print(f"{'':<28} {'1 thread':>10} {'2 threads':>10}")
+    print(f"{'':<20}" + "".join(f"{f'{p} {t}t':>13}" for p, t in columns))
     for key in keys:
-        print(f"{key:<28} {medians[1][key]:>10.2f} {medians[2][key]:>10.2f}")
+        print(f"{key:<20}" + "".join(f"{medians[c][key]:>13.2f}" for c in columns))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"args": vars(args) | {"json": None}, "runs": runs}))

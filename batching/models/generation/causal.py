@@ -23,6 +23,7 @@ from ..parameters import Param
 from ..shared.text_models import max_length_of
 from ..tasks.generation import TEXT_GENERATION
 from .causal_batch import DecodeBatch, check_cache
+from .fused_step import fused_step_of
 from .generator import GenerationModel, Prompt
 from .pieces import Answer
 from .prefix_cache import DEFAULT_PREFIX_CACHE_MB
@@ -110,6 +111,7 @@ class TextGenerator(GenerationModel):
         ends = [eos] if isinstance(eos, int) else list(eos or [])
         batch = DecodeBatch(self._model, self._tokenizer, ends, self._prepare, self.answer)
         batch.prefixes = self.prefixes
+        batch.fused = fused_step_of(self._model)
         return batch
 
     def direct_batch(self) -> DecodeBatch:

@@ -34,6 +34,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from .fused_step import FusedStep
 from .logprobs import capture_hidden, prompt_echo, prompt_logprobs
 from .prefix_prefill import Prefill, Prefixes
 from .running import Prompt, Row, RunningBatchBase, pad
@@ -155,6 +156,9 @@ class DecodeBatch(RunningBatchBase[tuple[DynamicCache, torch.Tensor]]):
 
     window: _Window
     cache: DynamicCache | None
+    #: The model's decode step computed without its modules (:mod:`.fused_step`), or None:
+    #: transformers' forward computes every step.
+    fused: FusedStep | None = None
     #: The instance's prompt prefixes (:mod:`.prefix_cache`); None: none kept.
     prefixes: Prefixes | None = None
 
@@ -260,11 +264,24 @@ class DecodeBatch(RunningBatchBase[tuple[DynamicCache, torch.Tensor]]):
         window = self.window
         if window.end >= window.columns_capacity:
             window.reserve(window.count, window.start, window.end + 1, window.keys)
+        positions = self.mask.sum(dim=1, keepdim=True)
+        fused = self.fused
+        if fused is not None:
+            stepped = fused(
+                last[:, 0],
+                positions[:, 0],
+                window.keys,
+                window.values,
+                (window.start, window.end),
+                mask,
+            )
+            window.end += 1
+            return stepped
         with torch.inference_mode():
             output = self.model(
                 input_ids=last,
                 attention_mask=mask,
-                position_ids=self.mask.sum(dim=1, keepdim=True),
+                position_ids=positions,
                 cache=self.cache,
                 use_cache=True,
             )

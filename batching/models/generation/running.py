@@ -41,6 +41,7 @@ from ..engines.cores import CORES
 from ..engines.engine_options import ADAPTIVE_THREADS_VARIABLE, thread_budget
 from ..engines.governor import ThreadGovernor, thread_choices
 from .constraints import Constraint, tokenizer_of
+from .detokenizer import Decoded, Detokenizer
 from .logprobs import prompt_echo, token_logprob
 from .pieces import Answer, Joining, Piece, Status
 from .sampling import Sampler, constraints
@@ -90,6 +91,8 @@ class Row:
     sent: int = 0
     #: What its first piece echoes (``echo``), until it is handed out.
     echo: Echo | None = None
+    #: Its new tokens' text so far (:mod:`.detokenizer`).
+    decoded: Decoded = field(default_factory=Decoded)
 
     def seen(self) -> list[int]:
         """The ids the row's processors read: its prefix and new tokens."""
@@ -169,6 +172,7 @@ class RunningBatchBase(Generic[Joined]):
         #: The decoder's cache columns of every row, 1 = real ([rows, columns]).
         self.mask: torch.Tensor | None = None
         self.threads = Threads()
+        self.detokenizer = Detokenizer(tokenizer)
         self._clear()
 
     def __len__(self) -> int:
@@ -342,15 +346,13 @@ class RunningBatchBase(Generic[Joined]):
             finish = Status.FINISHED_END
         elif len(row.new_ids) >= prompt.settings.max_new_tokens:
             finish = Status.FINISHED_LENGTH
-        text = self.tokenizer.decode(row.new_ids, skip_special_tokens=True)
+        # Up to its last whole character, unless it ended here.
+        text = self.detokenizer.text(row.new_ids, row.decoded, final=finish is not None)
         if stops:
             cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
             if cut >= 0:
                 text, finish = text[:cut], Status.FINISHED_STOP
         if finish is None:
-            if text.endswith("\ufffd"):
-                # A partial character.
-                text = text[: row.sent]
             text = text[: len(text) - held_back(text, stops)]
         added = text[row.sent :]
         row.sent = max(row.sent, len(text))
