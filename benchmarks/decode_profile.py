@@ -19,9 +19,9 @@ core and leaves the other to its front end), and on each path a step can take (`
 - **modules**: transformers' forward computes the step (``BATCHING_FUSED_STEP=0``);
 - **whole**: the fused step, each row's new tokens decoded whole at every step.
 
-Runs are interleaved: every path on one thread, then on two, twice. The event loop's share in a served run is what
-``py-spy`` shows of the server's main thread under ``benchmarks/generation.py``'s load (the
-command is in docs/generation.md).
+Runs are interleaved: every path on one thread, then on two, twice. The event loop's share
+in a served run is what ``py-spy`` shows of the server's main thread under
+``benchmarks/generation.py``'s load (the command is in docs/generation.md).
 
     python benchmarks/decode_profile.py
     python benchmarks/decode_profile.py --vocab 30522 --steps 100
@@ -51,7 +51,6 @@ from batching.models.generation import causal_batch, running  # noqa: E402
 from batching.models.generation.causal import TextGenerator  # noqa: E402
 from batching.models.generation.detokenizer import Detokenizer  # noqa: E402
 from batching.models.parameters import TaskItem  # noqa: E402
-
 
 PATHS = ("fused", "modules", "whole")
 
