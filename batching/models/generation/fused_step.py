@@ -69,7 +69,8 @@ class FusedStep:
         self.tokens = body.wte.weight
         self.places = body.wpe.weight
         self.final = (body.ln_f.weight, body.ln_f.bias)
-        self.head = model.lm_head.weight
+        # The module, not its weight: its forward may be a prepacked one (:mod:`.packed_head`).
+        self.head = model.get_output_embeddings()
         self.blocks = [
             _Block(
                 (block.ln_1.weight, block.ln_1.bias),
@@ -127,7 +128,7 @@ class FusedStep:
                 inner = self.activation(torch.addmm(block.up[1], normed, block.up[0]))
                 hidden = torch.addmm(block.down[1], inner, block.down[0]).add_(hidden)
             hidden = F.layer_norm(hidden, (width,), *self.final, self.eps)
-            logits: torch.Tensor = hidden @ self.head.t()
+            logits: torch.Tensor = self.head(hidden)
             return logits
 
 

@@ -86,3 +86,24 @@ def test_only_what_it_computes_exactly_is_fused(
     monkeypatch.setenv(FUSED_STEP_VARIABLE, "0")
     assert fused_step_of(model) is None
     assert generator.decode_batch().fused is None
+
+
+def test_the_output_layer_is_the_models_own_module(tmp_path: Path) -> None:
+    """A prepacked output layer (packed_head replaces the module's forward) serves the fused
+    step's logits too."""
+    generator = _generator(tmp_path)
+    head: Any = generator._model.get_output_embeddings()
+    plain = head.forward
+    calls: list[int] = []
+
+    def counted(hidden: torch.Tensor) -> torch.Tensor:
+        calls.append(int(hidden.shape[0]))
+        out: torch.Tensor = plain(hidden)
+        return out
+
+    head.forward = counted
+    batch = generator.decode_batch()
+    batch.join_items([Joining(0, item(PROMPTS[0], 3)), Joining(1, item(PROMPTS[1], 3))])
+    calls.clear()
+    batch.step()
+    assert calls == [2]
