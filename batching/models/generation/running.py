@@ -44,7 +44,7 @@ from .constraints import Constraint, tokenizer_of
 from .detokenizer import Decoded, Detokenizer
 from .logprobs import prompt_echo, token_logprob
 from .pieces import Answer, Joining, Piece, Status
-from .sampling import Sampler, constraints
+from .sampling import Sampler, constraints, first_max
 from .settings import Settings
 from .token_logprobs import Echo, TokenLogprob
 
@@ -318,7 +318,7 @@ class RunningBatchBase(Generic[Joined]):
     def _advance_all(self, rows: Seq[Row], logits: torch.Tensor) -> list[Piece]:
         """Each row's next token (one argmax for all greedy rows without processors, the
         others one by one), recorded."""
-        picked: list[int | None] = logits.argmax(dim=-1).tolist()
+        picked: list[int | None] = list(first_max(logits))
         entries: list[TokenLogprob | None] = [None] * len(rows)
         for index, row in enumerate(rows):
             top = row.prompt.logprobs
