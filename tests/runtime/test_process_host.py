@@ -27,7 +27,9 @@ from tests.support.generators import (
     greedy_text,
     t5_folder,
 )
+from tests.support.server_process import ServerProcess
 from tests.support.threaded import serving_in_thread
+from tests.support.tls import make_pki
 
 KEY = "sk-process-key"
 PROMPTS = ["the cat sat", "a dog", "who eats fish on the mat", "i like green"] * 4
@@ -179,3 +181,48 @@ def test_a_child_killed_mid_stream_fails_that_stream_and_a_new_child_serves(
         (fresh,) = [c for c in children("process_host") if c.pid not in others]
         assert fresh.pid != child.pid
         assert streamed(client, PROMPTS[2], 8) == greedy_text(folder, PROMPTS[2], 8)
+
+
+def test_behind_tls_and_keys_a_pooled_client_streams_from_the_child(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """``server.py`` as a deployment runs it: TLS, a key, the model's batch in a child. One
+    pooled client streams, is refused once with a wrong key on the same connection pool, and
+    streams again: nothing lost, every answer transformers' own."""
+    pki = make_pki(tmp_path / "pki")
+    server = ServerProcess(
+        "--ssl-certfile",
+        str(pki.cert),
+        "--ssl-keyfile",
+        str(pki.key),
+        "--api-key",
+        KEY,
+        model=[
+            "--model",
+            str(folders["gpt2"]),
+            "--task",
+            "text-generation",
+            "--name",
+            "gpt2",
+            "--instance-kind",
+            "process",
+        ],
+        ready_s=180,
+    )
+    try:
+        kids = psutil.Process(server.process.pid).children(recursive=True)
+        assert any("process_host" in " ".join(kid.cmdline()) for kid in kids)
+        with httpx.Client(verify=pki.client_context(), timeout=60) as pool:
+            client = openai.OpenAI(
+                base_url=f"{server.url}/v1", api_key=KEY, http_client=pool, max_retries=0
+            )
+            stranger = openai.OpenAI(
+                base_url=f"{server.url}/v1", api_key="sk-wrong", http_client=pool, max_retries=0
+            )
+            for prompt in PROMPTS[:3]:
+                assert streamed(client, prompt, 6) == greedy_text(folders["gpt2"], prompt, 6)
+            with pytest.raises(openai.AuthenticationError):
+                streamed(stranger, PROMPTS[0], 6)
+            assert streamed(client, PROMPTS[3], 6) == greedy_text(folders["gpt2"], PROMPTS[3], 6)
+    finally:
+        server.stop()
