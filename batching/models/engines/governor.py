@@ -129,14 +129,16 @@ class ThreadGovernor:
         cost = seconds / tokens
         if threads == bucket.current:
             previous = bucket.costs.get(threads)
-            bucket.costs[threads] = (
-                cost if previous is None else previous + SMOOTHING * (cost - previous)
-            )
+            smoothed = cost if previous is None else previous + SMOOTHING * (cost - previous)
+            bucket.costs[threads] = smoothed
             bucket.since_try += 1
             others = [c for count, c in bucket.costs.items() if count != threads]
-            if others and cost * (1 - MARGIN) > min(others):
-                # This batch cost more than another choice did when last tried (another
+            if others and smoothed * (1 - MARGIN) > min(others):
+                # This choice now costs more than another did when last tried (another
                 # process took a core?): try it on the next batch rather than after the gap.
+                # The smoothed cost, not this batch's alone: batches of one size bucket vary
+                # in cost per token (prompts of different lengths), and one dear batch among
+                # cheap ones is not a competitor.
                 bucket.since_try = max(bucket.since_try, bucket.interval)
             return
         # A try (or a first measurement): what this choice costs now replaces what it cost

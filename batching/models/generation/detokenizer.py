@@ -3,10 +3,10 @@
 A row's text is what its tokenizer decodes of its new tokens. Decoding them all again at every
 step costs in proportion to the row's length (``benchmarks/decode_profile.py``: 0.48 against
 0.30 ms of a 5 ms step for 16 rows of about 100 tokens); here each step decodes only a few
-tokens: those since the last complete text, with the ones before them as context (so that a tokenizer that writes a
-token differently at the start of a text, such as SentencePiece's leading space, decodes them
-as it would in place; a context holds at least one token that is not skipped as special), and
-appends the difference.
+tokens: those since the last complete text, with the ones before them as context (so that a
+tokenizer that writes a token differently at the start of a text, such as SentencePiece's
+leading space, decodes them as it would in place; a context holds at least one token that is
+not skipped as special), and appends the difference.
 
 That equals decoding everything only where decoding is a concatenation: a tokenizer backed by
 the ``tokenizers`` library that does not clean up spaces afterwards (transformers'

@@ -103,7 +103,11 @@ class Threads:
     """The intra-op threads of the loop's forwards, learnt as the whole batches' are
     (:mod:`..engines.governor`): a team as large as the budget where the cores are free, fewer
     beside other work (there a team of two can run a step ten times as long). Steps and
-    prefills learn apart (their costs per token differ), each by its number of rows."""
+    prefills learn apart (their costs per token differ): steps by their number of rows,
+    prefills by their number of tokens: a prefill's cost per token depends on its length (the
+    output layer's work is per row, whatever the prompt's length), so a one-thread try on a
+    long prompt would look cheaper than the team on a short one and keep every later prefill
+    on one thread."""
 
     def __init__(self) -> None:
         budget = thread_budget()
@@ -115,10 +119,12 @@ class Threads:
         self.prefills = ThreadGovernor(choices, others)
 
     def run(self, governor: ThreadGovernor, rows: int, tokens: int, forward: Callable[[], R]) -> R:
-        """``forward()`` on the thread count ``governor`` picks for ``rows`` rows, timed."""
+        """``forward()`` on the thread count ``governor`` picks for ``rows`` rows of ``tokens``
+        tokens in all (a prefill's: for its tokens), timed."""
         if self.fixed:
             return forward()
-        threads = governor.pick(rows, CORES.granted())
+        size = tokens if governor is self.prefills else rows
+        threads = governor.pick(size, CORES.granted())
         before = torch.get_num_threads()
         if before != threads:
             torch.set_num_threads(threads)
@@ -130,7 +136,7 @@ class Threads:
             if before != threads:
                 torch.set_num_threads(before)
         seconds = time.perf_counter() - started
-        governor.observe(rows, tokens, threads, seconds)
+        governor.observe(size, tokens, threads, seconds)
         if self.contention is not None:
             self.contention.ran(threads, seconds)
         return result

@@ -151,6 +151,22 @@ def test_one_dear_batch_is_enough_to_try_another_count() -> None:
     assert picked == [2, 1]  # the very next batch tries one thread
 
 
+def test_batches_that_vary_in_cost_bring_no_try_forward() -> None:
+    """Prompts of different lengths in one size bucket cost 0.8 or 2.0 per token on the
+    whole team, 1.7 on one thread: the team is cheaper on average, and a dear batch among
+    cheap ones is not a competitor (the smoothed cost decides, not one batch)."""
+    governor = ThreadGovernor((2, 1))
+    run(governor, 600, {2: 1.0, 1: 1.7})  # settled: tries are at their longest gap
+    picked = []
+    for index in range(LAST_INTERVAL):
+        threads = governor.pick(32)
+        picked.append(threads)
+        cost = {2: 0.8 if index % 2 else 2.0, 1: 1.7}[threads]
+        governor.observe(32, TOKENS, threads, cost * TOKENS)
+    assert governor.current(32) == 2
+    assert picked.count(1) <= 1  # at most the one try the gap allows
+
+
 def test_a_new_size_starts_on_the_count_the_nearest_size_runs() -> None:
     governor = ThreadGovernor((2, 1))
     run(governor, 50, {2: 10.0, 1: 1.0}, items=32)

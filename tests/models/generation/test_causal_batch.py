@@ -420,6 +420,23 @@ def test_a_forward_runs_on_the_governors_threads_and_leaves_the_count_as_it_was(
         torch.set_num_threads(before)
 
 
+def test_prefills_are_compared_by_their_tokens_and_steps_by_their_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A one-row prefill of 10 tokens and one of 200 are judged apart: their costs per token
+    differ by their length, not by the threads they ran on."""
+    from batching.models.generation.running import Threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setenv("BATCHING_ADAPTIVE_THREADS", "1")
+    threads = Threads()
+    threads.run(threads.prefills, 1, 10, lambda: None)
+    threads.run(threads.prefills, 1, 200, lambda: None)
+    threads.run(threads.steps, 16, 16, lambda: None)
+    assert set(threads.prefills.describe()) == {"<=15", "<=255"}
+    assert set(threads.steps.describe()) == {"<=31"}
+
+
 class PrefillBreaks(Together):
     """A batch whose next prefill raises as a whole: a fault of the batch, not of an item
     (the running batch itself tries a failed shared prefill one by one)."""
