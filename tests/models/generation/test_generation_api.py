@@ -33,11 +33,15 @@ TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
 )
-GRPC_PORT = free_port()
+#: The gRPC port, picked as the server starts: one picked at collection, minutes before, may
+#: be any connection's port by then.
+GRPC_PORT = 0
 
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    global GRPC_PORT
+    GRPC_PORT = free_port()
     root = tmp_path_factory.mktemp("generation-api")
     folder = gpt2_folder(root, model_max_length=POSITIONS, positions=POSITIONS)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))

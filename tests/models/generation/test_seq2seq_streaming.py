@@ -31,7 +31,9 @@ TEMPLATE = (
     "{% if add_generation_prompt %}assistant:{% endif %}"
 )
 PROMPTS = ["the cat sat", "a dog", "who eats fish on the mat", "i like green"] * 4
-GRPC_PORT = free_port()
+#: The gRPC port, picked as the server starts: one picked at collection, minutes before, may
+#: be any connection's port by then.
+GRPC_PORT = 0
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +48,8 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def url(folders: dict[str, Path]) -> Iterator[str]:
+    global GRPC_PORT
+    GRPC_PORT = free_port()
     batching = BatchingConfig(max_batch_size=16, max_batch_tokens=8000)
     configs = [
         ModelConfig(name="t5", source=str(folders["t5"]), task="summarization", batching=batching),

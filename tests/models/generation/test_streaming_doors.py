@@ -45,11 +45,15 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-GRPC_PORT = free_port()
+#: The gRPC port, picked as the server starts: one picked at collection, minutes before, may
+#: be any connection's port by then.
+GRPC_PORT = 0
 
 
 @pytest.fixture(scope="module")
 def url(folder: Path) -> Iterator[str]:
+    global GRPC_PORT
+    GRPC_PORT = free_port()
     configs = [
         ModelConfig(
             name="gpt2",
