@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from batching.core.jobs import InstanceLost, Outputs
+from batching.errors import InferenceFailed
 from batching.models.generation.pieces import Joining, Piece, Status
 from batching.models.generation.prefix_cache import KeepsPrefixes, PrefixStats
 from batching.models.items import Item
@@ -75,7 +76,9 @@ class GeneratingProcess(ProcessInstance):
         return self._host
 
     async def run(self, inputs: list[Item]) -> tuple[Outputs, float]:
-        raise InstanceLost("a generating process answers through its decode loop only")
+        # No door hands a generating model's items to the batcher (they go through the
+        # decode loop); should one, its requests fail and the instance, which is well, stays.
+        raise InferenceFailed("a generating model answers through its decode loop only")
 
 
 class _Prefixes:

@@ -172,3 +172,17 @@ async def test_a_failed_step_comes_back_as_the_runs_answer(
     child.send("error", ValueError("the batch is broken"))
     with pytest.raises(ValueError, match="the batch is broken"):
         await joining
+
+
+def test_a_batch_handed_to_a_generating_process_fails_its_requests_not_the_instance() -> None:
+    """Generation goes through the decode loop; were a whole batch ever handed to the
+    instance, its requests fail (500) and the instance is not lost (no restart)."""
+    from batching.errors import InferenceFailed
+    from batching.runtime.process_host import GeneratingProcess
+
+    instance = GeneratingProcess(object, "cpu", "writer")
+    try:
+        with pytest.raises(InferenceFailed):  # not InstanceLost, which restarts the instance
+            asyncio.run(instance.run([TaskItem("the cat", ())]))
+    finally:
+        instance.close()
