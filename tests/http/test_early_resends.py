@@ -268,3 +268,36 @@ async def test_an_overloaded_answer_asks_its_connection_to_hold_resends() -> Non
         model.gate.set()
         assert (await holder).status_code == 200
         assert (await queued).status_code == 200
+
+
+@pytest.mark.anyio
+async def test_a_resend_held_past_its_deadline_is_refused_and_never_computed() -> None:
+    """Through the whole app: a request whose connection stamped its arrival a second ago (a
+    resend held that long) and which asks for 100 ms is answered 504 at once, and the model
+    never sees it; the same request stamped now is served."""
+    from tests.support.models import EchoModel
+
+    model = EchoModel()
+    app = app_with(model, echo_config())
+    stamps: list[float] = []
+
+    async def stamped(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and stamps:
+            scope[ARRIVED_KEY] = stamps.pop()
+        await app(scope, receive, send)
+
+    async with serving(app) as client:
+        transport = httpx.ASGITransport(app=stamped)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as raw:
+            headers = {"X-Request-Timeout-Ms": "100"}
+            served_before = len(model.batches)
+            stamps.append(asyncio.get_running_loop().time() - 1.0)
+            late = await raw.post("/", content=b"held too long", headers=headers)
+            assert late.status_code == 504, late.text
+            assert "deadline the request asked for (100 ms) passed" in late.json()["error"]
+            assert len(model.batches) == served_before  # never computed
+            stamps.append(asyncio.get_running_loop().time())
+            fresh = await raw.post("/", content=b"held too long", headers=headers)
+            assert fresh.status_code == 200, fresh.text
+            assert ["held too long"] in model.batches
+        assert (await client.get("/v2/health/ready")).status_code == 200
