@@ -13,7 +13,10 @@ stepped in this process (no server), 16 rows of 128 new tokens, split into
 Each split is measured on one and on two intra-op threads (vLLM's CPU build computes on one
 core and leaves the other to its front end), and on each path a step can take (``--paths``):
 
-- **fused**: what the server runs: the fused GPT-2 step (:mod:`batching.models.generation.
+``--family llama`` steps a Llama of the same width and layers instead (grouped-query
+attention, rotary positions, a gated feed-forward).
+
+- **fused**: what the server runs: the fused step (:mod:`batching.models.generation.
   fused_step`) and each row's text decoded a few tokens at a time (:mod:`batching.models.
   generation.detokenizer`);
 - **modules**: transformers' forward computes the step (``BATCHING_FUSED_STEP=0``);
@@ -25,6 +28,7 @@ in a served run is what ``py-spy`` shows of the server's main thread under
 
     python benchmarks/decode_profile.py
     python benchmarks/decode_profile.py --vocab 30522 --steps 100
+    python benchmarks/decode_profile.py --family llama
 
 Run it on a quiet machine.
 """
@@ -148,10 +152,13 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--paths", default=",".join(PATHS), help="of " + ", ".join(PATHS))
+    parser.add_argument("--family", default="gpt2", choices=["gpt2", "llama"])
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        folder = build_model(Path(tmp) / "gpt", 512, args.width, args.layers, args.vocab)
+        folder = build_model(
+            Path(tmp) / "gpt", 512, args.width, args.layers, args.vocab, args.family
+        )
         generator = TextGenerator("text-generation", folder)
         generator.load("cpu")
         generator.direct_batch().complete(  # warm-up: first shapes, allocator
@@ -172,7 +179,9 @@ def main() -> None:
         }
         for column in columns
     }
-    print(f"{args.rows} rows, vocabulary {args.vocab}, ms per step (medians of 2 runs)")
+    print(
+        f"{args.family}, {args.rows} rows, vocabulary {args.vocab}, ms per step (medians of 2 runs)"
+    )
     print(f"{'':<20}" + "".join(f"{f'{p} {t}t':>13}" for p, t in columns))
     for key in keys:
         print(f"{key:<20}" + "".join(f"{medians[c][key]:>13.2f}" for c in columns))

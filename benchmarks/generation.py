@@ -67,10 +67,19 @@ MODEL = "gpt"
 VOCAB = 400
 
 
-def build_model(folder: Path, positions: int, width: int, layers: int, vocab: int = VOCAB) -> Path:
+def build_model(
+    folder: Path,
+    positions: int,
+    width: int,
+    layers: int,
+    vocab: int = VOCAB,
+    family: str = "gpt2",
+) -> Path:
     """A GPT-2 with a byte-level tokenizer trained on :data:`WORDS`, random weights. A
     ``vocab`` beyond what those words give trains on made-up words too (seeded), so that the
-    model's vocabulary (its last layer and each step's logits) is as wide as asked."""
+    model's vocabulary (its last layer and each step's logits) is as wide as asked.
+    ``family="llama"``: a Llama of the same width and layers instead (4 heads, 2 of keys and
+    values, a feed-forward 8/3 as wide), with the same tokenizer."""
     import torch
     import transformers
     from tokenizers import ByteLevelBPETokenizer
@@ -104,6 +113,20 @@ def build_model(folder: Path, positions: int, width: int, layers: int, vocab: in
         eos_token_id=eos,
     )
     torch.manual_seed(0)
+    if family == "llama":
+        llama = transformers.LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=width,
+            intermediate_size=width * 8 // 3,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=positions,
+            bos_token_id=eos,
+            eos_token_id=eos,
+        )
+        transformers.LlamaForCausalLM(llama).save_pretrained(folder)
+        return folder
     transformers.GPT2LMHeadModel(config).save_pretrained(folder)
     return folder
 

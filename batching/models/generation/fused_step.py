@@ -1,87 +1,43 @@
-"""One decode step of a GPT-2 model computed by calling torch's operators directly, instead
-of through transformers' modules.
+"""A decode step computed by calling torch's operators directly, instead of through
+transformers' modules, for the architectures it knows: GPT-2 (:mod:`.gpt2_step`) and the
+Llama family (Llama, Mistral, Qwen2: :mod:`.llama_step`).
 
 Why: a decode step computes one token per running row, so its matrices are small and what a
 step costs beyond its arithmetic is the work around each operator: the modules' calls, the
-mask transformers builds at every step, the cache's bookkeeping and the activation written as
-five elementwise operators, which this step leaves out. ``benchmarks/decode_profile.py``
+mask transformers builds at every step, the cache's bookkeeping and activations written as
+several elementwise operators, which these steps leave out. ``benchmarks/decode_profile.py``
 measures both paths (on two cores, 16 rows of the benchmark's GPT-2: a forward of 6.20 ms
 through transformers, 4.58 ms here, for logits equal within 1e-5); ``BATCHING_FUSED_STEP=0``
 turns this path off.
 
 Only the step is computed here; a prefill (many tokens per row, where the arithmetic
-dominates) stays transformers' forward. The step reads and writes the running batch's own
-cache buffers (:class:`~.causal_batch.DecodeBatch`'s window): each layer writes its new
-column in place and attends over the live columns.
+dominates) stays transformers' forward. A step reads and writes the running batch's own cache
+buffers (:class:`~.causal_batch.DecodeBatch`'s window): each layer writes its new column in
+place and attends over the live columns.
 
-:func:`fused_step_of` builds one for a model it can compute exactly as transformers does
-(GPT-2's layout, no cross-attention, an activation it knows, attention that is not reordered
-or rescaled per layer), and None for any other: those keep transformers' forward.
+:func:`fused_step_of` builds one for a model it can compute exactly as transformers does, on
+the CPU in fp32, and None for any other: those keep transformers' forward.
 """
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
+
+from .gpt2_step import gpt2_step_of
+from .llama_step import llama_step_of
 
 __all__ = ["FUSED_STEP_VARIABLE", "FusedStep", "fused_step_of"]
 
 #: Set to ``0`` to compute every step through transformers' forward (for comparison).
 FUSED_STEP_VARIABLE = "BATCHING_FUSED_STEP"
 
-_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu": F.gelu,
-    "relu": F.relu,
-}
 
-
-@dataclass(frozen=True, slots=True)
-class _Block:
-    """One transformer block's weights, as its operators take them."""
-
-    ln1: tuple[torch.Tensor, torch.Tensor]
-    attention: tuple[torch.Tensor, torch.Tensor]  # the fused query/key/value projection
-    projection: tuple[torch.Tensor, torch.Tensor]
-    ln2: tuple[torch.Tensor, torch.Tensor]
-    up: tuple[torch.Tensor, torch.Tensor]
-    down: tuple[torch.Tensor, torch.Tensor]
-
-
-class FusedStep:
-    """The decode step of one loaded GPT-2 model (built by :func:`fused_step_of`)."""
-
-    def __init__(self, model: Any) -> None:
-        config = model.config
-        body = model.transformer
-        self.width = int(config.n_embd)
-        self.heads = int(config.n_head)
-        self.eps = float(config.layer_norm_epsilon)
-        self.scale = 1.0 / math.sqrt(self.width // self.heads) if config.scale_attn_weights else 1.0
-        self.activation = _ACTIVATIONS[config.activation_function]
-        self.tokens = body.wte.weight
-        self.places = body.wpe.weight
-        self.final = (body.ln_f.weight, body.ln_f.bias)
-        # The module, not its weight: its forward may be a prepacked one (:mod:`.packed_head`).
-        self.head = model.get_output_embeddings()
-        self.blocks = [
-            _Block(
-                (block.ln_1.weight, block.ln_1.bias),
-                (block.attn.c_attn.weight, block.attn.c_attn.bias),
-                (block.attn.c_proj.weight, block.attn.c_proj.bias),
-                (block.ln_2.weight, block.ln_2.bias),
-                (block.mlp.c_fc.weight, block.mlp.c_fc.bias),
-                (block.mlp.c_proj.weight, block.mlp.c_proj.bias),
-            )
-            for block in body.h
-        ]
+class FusedStep(Protocol):
+    """One model's decode step."""
 
     def __call__(
         self,
@@ -102,50 +58,15 @@ class FusedStep:
         :param mask: which columns of ``[start, end]`` each row attends to ``[rows, end -
             start + 1]`` (nonzero: a real token).
         """
-        rows, width, heads = int(last.shape[0]), self.width, self.heads
-        start, end = columns
-        attend = (mask != 0)[:, None, None, :]
-        with torch.inference_mode():
-            hidden = F.embedding(last, self.tokens) + F.embedding(positions, self.places)
-            for index, block in enumerate(self.blocks):
-                normed = F.layer_norm(hidden, (width,), *block.ln1, self.eps)
-                qkv = torch.addmm(block.attention[1], normed, block.attention[0])
-                qkv = qkv.view(rows, 3, heads, width // heads)
-                key_buffer, value_buffer = keys[index], values[index]
-                key_buffer[:rows, :, end] = qkv[:, 1]
-                value_buffer[:rows, :, end] = qkv[:, 2]
-                attended = F.scaled_dot_product_attention(
-                    qkv[:, 0].unsqueeze(2),
-                    key_buffer[:rows, :, start : end + 1],
-                    value_buffer[:rows, :, start : end + 1],
-                    attn_mask=attend,
-                    scale=self.scale,
-                )
-                # One query per row: [rows, heads, 1, dim] is already the heads side by side.
-                merged = attended.reshape(rows, width)
-                hidden = torch.addmm(block.projection[1], merged, block.projection[0]).add_(hidden)
-                normed = F.layer_norm(hidden, (width,), *block.ln2, self.eps)
-                inner = self.activation(torch.addmm(block.up[1], normed, block.up[0]))
-                hidden = torch.addmm(block.down[1], inner, block.down[0]).add_(hidden)
-            hidden = F.layer_norm(hidden, (width,), *self.final, self.eps)
-            logits: torch.Tensor = self.head(hidden)
-            return logits
+        ...
 
 
 def fused_step_of(model: Any) -> FusedStep | None:
-    """A fused step for ``model`` if it computes exactly as transformers' forward would, else
-    None (and always None when ``BATCHING_FUSED_STEP=0``)."""
+    """A fused step for ``model`` if one computes it exactly as transformers' forward would,
+    else None (and always None when ``BATCHING_FUSED_STEP=0``)."""
     if os.environ.get(FUSED_STEP_VARIABLE, "1") == "0":
         return None
-    config = getattr(model, "config", None)
-    if config is None or type(model).__name__ != "GPT2LMHeadModel":
+    weights = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    if weights is None or weights.device.type != "cpu" or weights.dtype != torch.float32:
         return None
-    unsupported = (
-        getattr(config, "add_cross_attention", False)
-        or getattr(config, "scale_attn_by_inverse_layer_idx", False)
-        or getattr(config, "reorder_and_upcast_attn", False)
-        or config.activation_function not in _ACTIVATIONS
-        or model.transformer.wte.weight.device.type != "cpu"
-        or model.transformer.wte.weight.dtype != torch.float32
-    )
-    return None if unsupported else FusedStep(model)
+    return gpt2_step_of(model) or llama_step_of(model)

@@ -1,0 +1,119 @@
+"""The fused decode step of a GPT-2 (:mod:`.fused_step` says why and when): layer norms, one
+fused query/key/value projection (GPT-2's ``Conv1D``, weights stored input-major), learned
+positions, and its activation as one operator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["GPT2Step", "gpt2_step_of"]
+
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,
+    "relu": F.relu,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """One transformer block's weights, as its operators take them."""
+
+    ln1: tuple[torch.Tensor, torch.Tensor]
+    attention: tuple[torch.Tensor, torch.Tensor]  # the fused query/key/value projection
+    projection: tuple[torch.Tensor, torch.Tensor]
+    ln2: tuple[torch.Tensor, torch.Tensor]
+    up: tuple[torch.Tensor, torch.Tensor]
+    down: tuple[torch.Tensor, torch.Tensor]
+
+
+class GPT2Step:
+    """The decode step of one loaded GPT-2 model (built by :func:`gpt2_step_of`)."""
+
+    def __init__(self, model: Any) -> None:
+        config = model.config
+        body = model.transformer
+        self.width = int(config.n_embd)
+        self.heads = int(config.n_head)
+        self.eps = float(config.layer_norm_epsilon)
+        self.scale = 1.0 / math.sqrt(self.width // self.heads) if config.scale_attn_weights else 1.0
+        self.activation = _ACTIVATIONS[config.activation_function]
+        self.tokens = body.wte.weight
+        self.places = body.wpe.weight
+        self.final = (body.ln_f.weight, body.ln_f.bias)
+        # The module, not its weight: its forward may be a prepacked one (:mod:`.packed_head`).
+        self.head = model.get_output_embeddings()
+        self.blocks = [
+            _Block(
+                (block.ln_1.weight, block.ln_1.bias),
+                (block.attn.c_attn.weight, block.attn.c_attn.bias),
+                (block.attn.c_proj.weight, block.attn.c_proj.bias),
+                (block.ln_2.weight, block.ln_2.bias),
+                (block.mlp.c_fc.weight, block.mlp.c_fc.bias),
+                (block.mlp.c_proj.weight, block.mlp.c_proj.bias),
+            )
+            for block in body.h
+        ]
+
+    def __call__(
+        self,
+        last: torch.Tensor,
+        positions: torch.Tensor,
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
+        columns: tuple[int, int],
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """The next-token logits ``[rows, vocabulary]`` of one step
+        (:class:`.fused_step.FusedStep`)."""
+        rows, width, heads = int(last.shape[0]), self.width, self.heads
+        start, end = columns
+        attend = (mask != 0)[:, None, None, :]
+        with torch.inference_mode():
+            hidden = F.embedding(last, self.tokens) + F.embedding(positions, self.places)
+            for index, block in enumerate(self.blocks):
+                normed = F.layer_norm(hidden, (width,), *block.ln1, self.eps)
+                qkv = torch.addmm(block.attention[1], normed, block.attention[0])
+                qkv = qkv.view(rows, 3, heads, width // heads)
+                key_buffer, value_buffer = keys[index], values[index]
+                key_buffer[:rows, :, end] = qkv[:, 1]
+                value_buffer[:rows, :, end] = qkv[:, 2]
+                attended = F.scaled_dot_product_attention(
+                    qkv[:, 0].unsqueeze(2),
+                    key_buffer[:rows, :, start : end + 1],
+                    value_buffer[:rows, :, start : end + 1],
+                    attn_mask=attend,
+                    scale=self.scale,
+                )
+                # One query per row: [rows, heads, 1, dim] is already the heads side by side.
+                merged = attended.reshape(rows, width)
+                hidden = torch.addmm(block.projection[1], merged, block.projection[0]).add_(hidden)
+                normed = F.layer_norm(hidden, (width,), *block.ln2, self.eps)
+                inner = self.activation(torch.addmm(block.up[1], normed, block.up[0]))
+                hidden = torch.addmm(block.down[1], inner, block.down[0]).add_(hidden)
+            hidden = F.layer_norm(hidden, (width,), *self.final, self.eps)
+            logits: torch.Tensor = self.head(hidden)
+            return logits
+
+
+def gpt2_step_of(model: Any) -> GPT2Step | None:
+    """A fused step for ``model`` if it is a GPT-2 this step computes exactly as
+    transformers' forward does, else None."""
+    config = getattr(model, "config", None)
+    if config is None or type(model).__name__ != "GPT2LMHeadModel":
+        return None
+    unsupported = (
+        getattr(config, "add_cross_attention", False)
+        or getattr(config, "scale_attn_by_inverse_layer_idx", False)
+        or getattr(config, "reorder_and_upcast_attn", False)
+        or config.activation_function not in _ACTIVATIONS
+    )
+    return None if unsupported else GPT2Step(model)

@@ -1,0 +1,141 @@
+"""The fused decode step of a Llama-family model (Llama, Mistral, Qwen2; :mod:`.fused_step`
+says why and when): RMS norms, rotary positions (the model's own rotary embedding, so every
+scaling it supports), grouped-query attention over the running batch's cache, and the gated
+SiLU feed-forward.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["LLAMA_FAMILY", "LlamaStep", "llama_step_of"]
+
+#: The model classes this step computes exactly as transformers does.
+LLAMA_FAMILY = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"})
+
+Linear = tuple[torch.Tensor, torch.Tensor | None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Layer:
+    """One decoder layer's weights, as its operators take them."""
+
+    norm1: torch.Tensor
+    query: Linear
+    key: Linear
+    value: Linear
+    output: Linear
+    norm2: torch.Tensor
+    gate: Linear
+    up: Linear
+    down: Linear
+
+
+def _linear(module: Any) -> Linear:
+    return module.weight, module.bias
+
+
+class LlamaStep:
+    """The decode step of one loaded Llama-family model (built by :func:`llama_step_of`)."""
+
+    def __init__(self, model: Any) -> None:
+        body = model.model
+        first = body.layers[0]
+        self.heads = int(model.config.num_attention_heads)
+        self.kv_heads = int(model.config.num_key_value_heads)
+        self.head_dim = int(first.self_attn.head_dim)
+        self.scale = float(first.self_attn.scaling)
+        self.eps = float(first.input_layernorm.variance_epsilon)
+        self.tokens = body.embed_tokens.weight
+        self.rotary = body.rotary_emb
+        # The model's own function: the rotation its attention applies.
+        self.rotate: Callable[..., tuple[torch.Tensor, torch.Tensor]] = sys.modules[
+            type(first.self_attn).__module__
+        ].apply_rotary_pos_emb
+        self.final = body.norm.weight
+        self.final_eps = float(body.norm.variance_epsilon)
+        # The module, not its weight: its forward may be a prepacked one (:mod:`.packed_head`).
+        self.head = model.get_output_embeddings()
+        self.layers = [
+            _Layer(
+                layer.input_layernorm.weight,
+                _linear(layer.self_attn.q_proj),
+                _linear(layer.self_attn.k_proj),
+                _linear(layer.self_attn.v_proj),
+                _linear(layer.self_attn.o_proj),
+                layer.post_attention_layernorm.weight,
+                _linear(layer.mlp.gate_proj),
+                _linear(layer.mlp.up_proj),
+                _linear(layer.mlp.down_proj),
+            )
+            for layer in body.layers
+        ]
+
+    def _norm(self, hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        variance = hidden.pow(2).mean(-1, keepdim=True)
+        return weight * (hidden * torch.rsqrt(variance + eps))
+
+    def __call__(
+        self,
+        last: torch.Tensor,
+        positions: torch.Tensor,
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
+        columns: tuple[int, int],
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """The next-token logits ``[rows, vocabulary]`` of one step (as
+        :meth:`.gpt2_step.GPT2Step.__call__`)."""
+        rows, dim = int(last.shape[0]), self.head_dim
+        start, end = columns
+        attend = (mask != 0)[:, None, None, :]
+        with torch.inference_mode():
+            hidden = F.embedding(last, self.tokens)
+            cos, sin = self.rotary(hidden, positions[:, None])
+            for index, layer in enumerate(self.layers):
+                normed = self._norm(hidden, layer.norm1, self.eps)
+                query = F.linear(normed, *layer.query).view(rows, self.heads, 1, dim)
+                key = F.linear(normed, *layer.key).view(rows, self.kv_heads, 1, dim)
+                value = F.linear(normed, *layer.value).view(rows, self.kv_heads, 1, dim)
+                query, key = self.rotate(query, key, cos, sin)
+                key_buffer, value_buffer = keys[index], values[index]
+                key_buffer[:rows, :, end] = key[:, :, 0]
+                value_buffer[:rows, :, end] = value[:, :, 0]
+                attended = F.scaled_dot_product_attention(
+                    query,
+                    key_buffer[:rows, :, start : end + 1],
+                    value_buffer[:rows, :, start : end + 1],
+                    attn_mask=attend,
+                    scale=self.scale,
+                    enable_gqa=self.kv_heads != self.heads,
+                )
+                merged = attended.reshape(rows, self.heads * dim)
+                hidden = F.linear(merged, *layer.output).add_(hidden)
+                normed = self._norm(hidden, layer.norm2, self.eps)
+                inner = F.silu(F.linear(normed, *layer.gate)).mul_(F.linear(normed, *layer.up))
+                hidden = F.linear(inner, *layer.down).add_(hidden)
+            hidden = self._norm(hidden, self.final, self.final_eps)
+            logits: torch.Tensor = self.head(hidden)
+            return logits
+
+
+def llama_step_of(model: Any) -> LlamaStep | None:
+    """A fused step for ``model`` if it is of the Llama family and computes as this step does
+    (SiLU, one tensor-parallel slice, no per-head norms), else None."""
+    config = getattr(model, "config", None)
+    if config is None or type(model).__name__ not in LLAMA_FAMILY:
+        return None
+    layer = model.model.layers[0]
+    unsupported = (
+        getattr(config, "hidden_act", None) != "silu"
+        or getattr(config, "pretraining_tp", 1) != 1
+        or hasattr(layer.self_attn, "q_norm")
+        or not hasattr(sys.modules[type(layer.self_attn).__module__], "apply_rotary_pos_emb")
+    )
+    return None if unsupported else LlamaStep(model)
