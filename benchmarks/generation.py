@@ -103,31 +103,35 @@ def build_model(
     tokenizer.model_max_length = positions
     tokenizer.save_pretrained(folder)
     eos = tokenizer.eos_token_id
-    config = transformers.GPT2Config(
-        vocab_size=len(tokenizer),
-        n_positions=positions,
-        n_embd=width,
-        n_layer=layers,
-        n_head=4,
-        bos_token_id=eos,
-        eos_token_id=eos,
-    )
     torch.manual_seed(0)
+    model: Any
     if family == "llama":
-        llama = transformers.LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=width,
-            intermediate_size=width * 8 // 3,
-            num_hidden_layers=layers,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=positions,
-            bos_token_id=eos,
-            eos_token_id=eos,
+        model = transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(
+                vocab_size=len(tokenizer),
+                hidden_size=width,
+                intermediate_size=width * 8 // 3,
+                num_hidden_layers=layers,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=positions,
+                bos_token_id=eos,
+                eos_token_id=eos,
+            )
         )
-        transformers.LlamaForCausalLM(llama).save_pretrained(folder)
-        return folder
-    transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    else:
+        model = transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(
+                vocab_size=len(tokenizer),
+                n_positions=positions,
+                n_embd=width,
+                n_layer=layers,
+                n_head=4,
+                bos_token_id=eos,
+                eos_token_id=eos,
+            )
+        )
+    model.save_pretrained(folder)
     return folder
 
 

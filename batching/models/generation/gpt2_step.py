@@ -13,6 +13,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .step_attention import attend_in_cache
+
 __all__ = ["GPT2Step", "gpt2_step_of"]
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -75,7 +77,6 @@ class GPT2Step:
         """The next-token logits ``[rows, vocabulary]`` of one step
         (:class:`.fused_step.FusedStep`)."""
         rows, width, heads = int(last.shape[0]), self.width, self.heads
-        start, end = columns
         attend = (mask != 0)[:, None, None, :]
         with torch.inference_mode():
             hidden = F.embedding(last, self.tokens) + F.embedding(positions, self.places)
@@ -83,18 +84,15 @@ class GPT2Step:
                 normed = F.layer_norm(hidden, (width,), *block.ln1, self.eps)
                 qkv = torch.addmm(block.attention[1], normed, block.attention[0])
                 qkv = qkv.view(rows, 3, heads, width // heads)
-                key_buffer, value_buffer = keys[index], values[index]
-                key_buffer[:rows, :, end] = qkv[:, 1]
-                value_buffer[:rows, :, end] = qkv[:, 2]
-                attended = F.scaled_dot_product_attention(
+                merged = attend_in_cache(
                     qkv[:, 0].unsqueeze(2),
-                    key_buffer[:rows, :, start : end + 1],
-                    value_buffer[:rows, :, start : end + 1],
-                    attn_mask=attend,
-                    scale=self.scale,
+                    qkv[:, 1],
+                    qkv[:, 2],
+                    (keys[index], values[index]),
+                    columns,
+                    attend,
+                    self.scale,
                 )
-                # One query per row: [rows, heads, 1, dim] is already the heads side by side.
-                merged = attended.reshape(rows, width)
                 hidden = torch.addmm(block.projection[1], merged, block.projection[0]).add_(hidden)
                 normed = F.layer_norm(hidden, (width,), *block.ln2, self.eps)
                 inner = self.activation(torch.addmm(block.up[1], normed, block.up[0]))

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .step_attention import attend_in_cache
+
 __all__ = ["LLAMA_FAMILY", "LlamaStep", "llama_step_of"]
 
 #: The model classes this step computes exactly as transformers does.
@@ -93,7 +95,6 @@ class LlamaStep:
         """The next-token logits ``[rows, vocabulary]`` of one step (as
         :meth:`.gpt2_step.GPT2Step.__call__`)."""
         rows, dim = int(last.shape[0]), self.head_dim
-        start, end = columns
         attend = (mask != 0)[:, None, None, :]
         with torch.inference_mode():
             hidden = F.embedding(last, self.tokens)
@@ -104,18 +105,15 @@ class LlamaStep:
                 key = F.linear(normed, *layer.key).view(rows, self.kv_heads, 1, dim)
                 value = F.linear(normed, *layer.value).view(rows, self.kv_heads, 1, dim)
                 query, key = self.rotate(query, key, cos, sin)
-                key_buffer, value_buffer = keys[index], values[index]
-                key_buffer[:rows, :, end] = key[:, :, 0]
-                value_buffer[:rows, :, end] = value[:, :, 0]
-                attended = F.scaled_dot_product_attention(
+                merged = attend_in_cache(
                     query,
-                    key_buffer[:rows, :, start : end + 1],
-                    value_buffer[:rows, :, start : end + 1],
-                    attn_mask=attend,
-                    scale=self.scale,
-                    enable_gqa=self.kv_heads != self.heads,
+                    key[:, :, 0],
+                    value[:, :, 0],
+                    (keys[index], values[index]),
+                    columns,
+                    attend,
+                    self.scale,
                 )
-                merged = attended.reshape(rows, self.heads * dim)
                 hidden = F.linear(merged, *layer.output).add_(hidden)
                 normed = self._norm(hidden, layer.norm2, self.eps)
                 inner = F.silu(F.linear(normed, *layer.gate)).mul_(F.linear(normed, *layer.up))

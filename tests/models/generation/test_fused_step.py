@@ -4,21 +4,26 @@ cannot compute exactly keep transformers' forward."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 import torch
 import transformers
 
+from batching import BatchingConfig, ModelConfig, create_app
+from batching.keys import ApiKeys
 from batching.models.generation.causal import TextGenerator
 from batching.models.generation.causal_batch import DecodeBatch
 from batching.models.generation.fused_step import FUSED_STEP_VARIABLE, fused_step_of
 from batching.models.generation.gpt2_step import GPT2Step
 from batching.models.generation.llama_step import LlamaStep
 from batching.models.generation.pieces import Joining
-from tests.support.generators import gpt2_folder
+from tests.support.generators import gpt2_folder, greedy_text
 from tests.support.running_batches import item
+from tests.support.threaded import serving_in_thread
 
 PROMPTS = ["the cat sat", "a dog", "who eats fish on the mat", "green", "the cat runs fast"]
 
@@ -169,3 +174,38 @@ def test_the_output_layer_is_the_models_own_module(tmp_path: Path) -> None:
     calls.clear()
     batch.step()
     assert calls == [2]
+
+
+def test_served_beside_each_other_with_a_key_both_families_stream_transformers_tokens(
+    tmp_path: Path,
+) -> None:
+    """A GPT-2 and a Llama served by one server with a key, one pooled ``openai`` client
+    streaming from both in turn and at once: every answer is transformers' greedy one."""
+
+    folders = {"gpt2": gpt2_folder(tmp_path / "g", positions=64, model_max_length=None)}
+    folders["llama"] = gpt2_folder(tmp_path / "l", positions=64, model_max_length=None)
+    _llama_family(folders["llama"], "llama")
+    configs = [
+        ModelConfig(
+            name=name,
+            source=str(folder),
+            task="text-generation",
+            batching=BatchingConfig(max_batch_size=8),
+        )
+        for name, folder in folders.items()
+    ]
+    key = "sk-fused"
+    with serving_in_thread(create_app(configs, api_keys=ApiKeys([key])), timeout=120) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+
+        def streamed(model: str, prompt: str) -> str:
+            stream = client.completions.create(
+                model=model, prompt=prompt, max_tokens=8, temperature=0, stream=True
+            )
+            return "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+
+        asked = [(model, prompt) for prompt in PROMPTS for model in folders]
+        with ThreadPoolExecutor(len(asked)) as pool:
+            answers = list(pool.map(lambda pair: streamed(*pair), asked))
+        for (model, prompt), answer in zip(asked, answers, strict=True):
+            assert answer == greedy_text(folders[model], prompt, 8), (model, prompt)
