@@ -24,7 +24,11 @@ swapped each round:
 - **16 streams**: the benchmark's workload (64 requests, ``max_tokens`` 8-128, 16 at a time,
   streamed, usage in the last chunk): output tokens/s and time to first token p50;
 
-then the greedy tokens of the first 16 requests from each (they must be equal:
+Each measurement starts once both servers are idle (:func:`quiet`: their process trees under
+0.1 core for half a second; the seconds waited are in the results): vLLM's engine keeps a
+core busy for about a second after its last request.
+
+Then the greedy tokens of the first 16 requests from each (they must be equal:
 :func:`greedy_check`), and each server's
 resident memory (its whole process tree) after the loads. Ratios are ours / vLLM's.
 """
@@ -34,17 +38,21 @@ from __future__ import annotations
 import asyncio
 import shlex
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from load_test.procstat import tree_rss_bytes
 from load_test.serverproc import ServerProcess
 
 #: Key/value cache vLLM's CPU build reserves, GiB (its default reserves more).
 KV_CACHE_GIB = 1
+#: Below this many cores, the servers between two measurements count as idle (:func:`quiet`).
+QUIET_CORES = 0.1
 #: The longest vLLM may take to be ready (it compiles its graphs first: minutes on two cores).
 VLLM_READY_S = 1200.0
 
@@ -141,9 +149,14 @@ def compare(
             # One-time costs (the first forward of each shape, the first connection) are not
             # a lone request's time to first token.
             asyncio.run(stream(servers[name].url, list(reqs[:2]), 2, model))
+        pids = [server.pid for server in servers.values() if server.pid]
         for round_ in range(repeats):
             order = ("ours", "vllm") if round_ % 2 == 0 else ("vllm", "ours")
             for name in order:
+                # Each measurement starts on idle cores: vLLM's engine keeps polling a core
+                # for about a second after its last request, and a lone request measured
+                # meanwhile took 80-340 ms instead of 15 (see quiet()).
+                figures[name]["quiet_wait_s"].append(quiet(pids))
                 _measure(figures[name], servers[name].url, reqs, concurrency, model, stream, lone)
         prompts = [(r.prompt, r.max_new) for r in reqs[:16]]
         greedy = greedy_check(folder, model, ours.url, theirs.url, prompts)
@@ -160,13 +173,47 @@ def compare(
     result["ratios_ours_over_vllm"] = {
         key: result["ours"][key] / result["vllm"][key]
         for key in result["ours"]
-        if result["ours"][key] and result["vllm"][key]
+        if key != "quiet_wait_s" and result["ours"][key] and result["vllm"][key]
     }
     return result
 
 
+def tree_cpu_seconds(pids: Sequence[int]) -> float:
+    """The CPU seconds the processes ``pids`` and all their children have used."""
+    total = 0.0
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for process in tree:
+            try:
+                times = process.cpu_times()
+            except psutil.Error:
+                continue
+            total += times.user + times.system
+    return total
+
+
+def quiet(
+    pids: Sequence[int], cores: float = QUIET_CORES, window: float = 0.5, limit: float = 15.0
+) -> float:
+    """Wait until the process trees of ``pids`` together use under ``cores`` cores over a
+    ``window`` of seconds (or ``limit`` seconds have passed): the seconds waited."""
+    started = time.monotonic()
+    while True:
+        before = tree_cpu_seconds(pids)
+        time.sleep(window)
+        if tree_cpu_seconds(pids) - before < cores * window:
+            return time.monotonic() - started
+        if time.monotonic() - started > limit:
+            return time.monotonic() - started
+
+
 def _empty() -> dict[str, Any]:
     return {
+        "quiet_wait_s": [],
         "streams_tokens_per_s": [],
         "ttft_p50_s": [],
         "lone_ttft_s": [],

@@ -45,6 +45,8 @@ class TextGenerator(GenerationModel):
     auto_class: ClassVar[Any] = AutoModelForCausalLM
     answer_key: ClassVar[str] = "generated_text"
     completion_in_context: ClassVar[bool] = True
+    #: :meth:`positions` and the tokenizer it was read with.
+    _positions: tuple[Any, int] | None = None
 
     def __init__(
         self,
@@ -61,7 +63,14 @@ class TextGenerator(GenerationModel):
     def positions(self) -> int:
         """The longest sequence (prompt and new tokens) the model takes: the smaller of its
         positions and its tokenizer's limit."""
-        return max_length_of(self._tokenizer, self.config, default=MAX_NEW_TOKENS_CAP + 1)
+        known = self._positions
+        if known is not None and known[0] is self._tokenizer:
+            return known[1]
+        # Read once per tokenizer: each request's limits ask for it, and reading the config
+        # (its to_dict) costs a quarter of a millisecond.
+        value = max_length_of(self._tokenizer, self.config, default=MAX_NEW_TOKENS_CAP + 1)
+        self._positions = (self._tokenizer, value)
+        return value
 
     def input_length(self) -> int:
         return self.positions()

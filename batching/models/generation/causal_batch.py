@@ -26,6 +26,7 @@ views of buffers this batch owns (:class:`_Window`: rows by columns, with room t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence as Seq
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, cast
@@ -36,10 +37,14 @@ from transformers.cache_utils import DynamicLayer
 
 from .fused_step import FusedStep
 from .logprobs import capture_hidden, prompt_echo, prompt_logprobs
-from .prefix_prefill import Prefill, Prefixes
+from .prefix_prefill import Prefill, Prefixes, empty_cache
 from .running import Prompt, Row, RunningBatchBase, pad
 
 __all__ = ["DecodeBatch", "cache_layers", "check_cache"]
+
+
+#: The most memory an idle running batch keeps of its cache's buffers (:meth:`_Window.idle`).
+IDLE_BUFFER_BYTES = 16 << 20
 
 
 class _Window:
@@ -103,6 +108,16 @@ class _Window:
         self.start += shift
         self.end += shift
 
+    def idle(self) -> bool:
+        """Empty the window, keeping its buffers when they hold at most
+        :data:`IDLE_BUFFER_BYTES` (whether it kept them): a lone request after another then
+        writes into them instead of allocating and zeroing new ones (half a millisecond of its
+        first token on a small model). Larger ones are given back (memory follows the live
+        sequences)."""
+        self.count, self.start, self.end = 0, 0, 0
+        held = sum(buffer.numel() * buffer.element_size() for buffer in self.keys + self.values)
+        return 0 < held <= IDLE_BUFFER_BYTES
+
     def move_rows(self, sources: list[int], targets: list[int]) -> None:
         """Copy the live columns of rows ``sources`` onto rows ``targets``."""
         if not sources:
@@ -162,6 +177,11 @@ class DecodeBatch(RunningBatchBase[tuple[DynamicCache, torch.Tensor]]):
     #: The instance's prompt prefixes (:mod:`.prefix_cache`); None: none kept.
     prefixes: Prefixes | None = None
 
+    @functools.cached_property
+    def layers(self) -> int:
+        """The model's key/value layers (each a plain one: :func:`check_cache`)."""
+        return len(DynamicCache(config=self.model.config).layers)
+
     def prefix_of(self, prompt: Prompt) -> list[int]:
         return prompt.ids
 
@@ -202,13 +222,17 @@ class DecodeBatch(RunningBatchBase[tuple[DynamicCache, torch.Tensor]]):
         if shared:
             # Prefixes several newcomers share and the cache lacks: computed once, first.
             self._run(shared, count=False)
-        prefill = Prefill.of(
-            prompts, self.pad, prefixes, self.model.config, self.device, count=count
-        )
+        prefill = Prefill.of(prompts, self.pad, prefixes, self.layers, self.device, count=count)
 
-        def forward() -> Any:
+        fused = None if whole else self.fused
+
+        def forward() -> torch.Tensor:
+            if fused is not None:
+                return fused.prefill(
+                    prefill.input_ids, prefill.positions, prefill.mask, prefill.cache
+                )
             with torch.inference_mode():
-                return self.model(
+                output = self.model(
                     input_ids=prefill.input_ids,
                     attention_mask=prefill.mask,
                     position_ids=prefill.positions,
@@ -216,15 +240,17 @@ class DecodeBatch(RunningBatchBase[tuple[DynamicCache, torch.Tensor]]):
                     use_cache=True,
                     logits_to_keep=1,
                 )
+            logits: torch.Tensor = output.logits[:, -1]
+            return logits
 
         capture: AbstractContextManager[list[torch.Tensor]] = (
             capture_hidden(self.model) if whole else nullcontext([])
         )
         tokens = int(prefill.input_ids.numel())
         with capture as hidden:
-            output = self.threads.run(self.threads.prefills, len(prompts), tokens, forward)
+            logits = self.threads.run(self.threads.prefills, len(prompts), tokens, forward)
         prefill.keep(self.prefixes)
-        return output.logits[:, -1], prefill, hidden
+        return logits, prefill, hidden
 
     def _append(self, rows: list[Row], joined: tuple[DynamicCache, torch.Tensor]) -> None:
         """The newcomers' cache rows copied into free rows of the buffers, right-aligned with
@@ -233,7 +259,9 @@ class DecodeBatch(RunningBatchBase[tuple[DynamicCache, torch.Tensor]]):
         window, width = self.window, int(mask.shape[1])
         layers = cache_layers(cache)
         if not self.rows:
-            window.count, window.start, window.end = 0, 0, 0
+            # An empty window: the newcomers' columns from its first one, in the buffers an
+            # idle batch kept when they fit.
+            window.count, window.start, window.end = 0, width, width
         start = min(window.start, window.end - width)
         like = [layer.keys for layer in layers if layer.keys is not None]
         window.reserve(window.count + len(rows), start, window.end, like)
@@ -253,7 +281,7 @@ class DecodeBatch(RunningBatchBase[tuple[DynamicCache, torch.Tensor]]):
         window.count += len(rows)
         self.rows.extend(rows)
         if self.cache is None:
-            self.cache = DynamicCache(config=self.model.config)
+            self.cache = empty_cache(0)
             self.cache.layers = [_WindowLayer(window, i) for i in range(len(layers))]
 
     # -- step -------------------------------------------------------------------------------
@@ -311,6 +339,9 @@ class DecodeBatch(RunningBatchBase[tuple[DynamicCache, torch.Tensor]]):
         self.window.shrink()
 
     def _clear(self) -> None:
+        window = getattr(self, "window", None)
+        if window is not None and window.idle():
+            return  # its buffers and the cache's layers over them serve the next rows
         self.cache = None
         self.window = _Window()
 

@@ -1,6 +1,6 @@
-"""The fused decode step of a GPT-2 (:mod:`.fused_step` says why and when): layer norms, one
-fused query/key/value projection (GPT-2's ``Conv1D``, weights stored input-major), learned
-positions, and its activation as one operator.
+"""The fused decode step and prefill of a GPT-2 (:mod:`.fused_step` says why and when): layer
+norms, one fused query/key/value projection (GPT-2's ``Conv1D``, weights stored
+input-major), learned positions, and its activation as one operator.
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
+from transformers import DynamicCache
 
-from .step_attention import attend_in_cache
+from .step_attention import Attend, attend_in_cache, attend_prompt, prompt_mask
 
 __all__ = ["GPT2Step", "gpt2_step_of"]
 
@@ -76,30 +78,48 @@ class GPT2Step:
     ) -> torch.Tensor:
         """The next-token logits ``[rows, vocabulary]`` of one step
         (:class:`.fused_step.FusedStep`)."""
-        rows, width, heads = int(last.shape[0]), self.width, self.heads
-        attend = (mask != 0)[:, None, None, :]
+        attend_mask = (mask != 0)[:, None, None, :]
+
+        def attend(index: int, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+            buffers = (keys[index], values[index])
+            return attend_in_cache(
+                query, key[:, :, 0], value[:, :, 0], buffers, columns, attend_mask, self.scale
+            )
+
         with torch.inference_mode():
-            hidden = F.embedding(last, self.tokens) + F.embedding(positions, self.places)
-            for index, block in enumerate(self.blocks):
-                normed = F.layer_norm(hidden, (width,), *block.ln1, self.eps)
-                qkv = torch.addmm(block.attention[1], normed, block.attention[0])
-                qkv = qkv.view(rows, 3, heads, width // heads)
-                merged = attend_in_cache(
-                    qkv[:, 0].unsqueeze(2),
-                    qkv[:, 1],
-                    qkv[:, 2],
-                    (keys[index], values[index]),
-                    columns,
-                    attend,
-                    self.scale,
-                )
-                hidden = torch.addmm(block.projection[1], merged, block.projection[0]).add_(hidden)
-                normed = F.layer_norm(hidden, (width,), *block.ln2, self.eps)
-                inner = self.activation(torch.addmm(block.up[1], normed, block.up[0]))
-                hidden = torch.addmm(block.down[1], inner, block.down[0]).add_(hidden)
-            hidden = F.layer_norm(hidden, (width,), *self.final, self.eps)
-            logits: torch.Tensor = self.head(hidden)
-            return logits
+            return self._logits(last[:, None], positions[:, None], attend)
+
+    def prefill(self, ids: Tensor, positions: Tensor, mask: Tensor, cache: DynamicCache) -> Tensor:
+        """The next-token logits ``[rows, vocabulary]`` after each prompt
+        (:meth:`.fused_step.FusedStep.prefill`)."""
+        allowed = prompt_mask(mask, int(ids.shape[1]))
+
+        def attend(index: int, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+            return attend_prompt(query, key, value, cache, index, allowed, self.scale)
+
+        with torch.inference_mode():
+            return self._logits(ids, positions, attend)
+
+    def _logits(self, ids: Tensor, positions: Tensor, attend: Attend) -> Tensor:
+        """Every block over ``ids`` (``[rows, tokens]``, at ``positions``), each attending
+        through ``attend``; the logits after each row's last token."""
+        rows, tokens = int(ids.shape[0]), int(ids.shape[1])
+        width, heads = self.width, self.heads
+        hidden = F.embedding(ids, self.tokens) + F.embedding(positions, self.places)
+        hidden = hidden.view(rows * tokens, width)
+        for index, block in enumerate(self.blocks):
+            normed = F.layer_norm(hidden, (width,), *block.ln1, self.eps)
+            qkv = torch.addmm(block.attention[1], normed, block.attention[0])
+            # [query/key/value, rows, heads, tokens, dim]
+            qkv = qkv.view(rows, tokens, 3, heads, width // heads).permute(2, 0, 3, 1, 4)
+            merged = attend(index, qkv[0], qkv[1], qkv[2])
+            hidden = torch.addmm(block.projection[1], merged, block.projection[0]).add_(hidden)
+            normed = F.layer_norm(hidden, (width,), *block.ln2, self.eps)
+            inner = self.activation(torch.addmm(block.up[1], normed, block.up[0]))
+            hidden = torch.addmm(block.down[1], inner, block.down[0]).add_(hidden)
+        last = hidden.view(rows, tokens, width)[:, -1]
+        logits: Tensor = self.head(F.layer_norm(last, (width,), *self.final, self.eps))
+        return logits
 
 
 def gpt2_step_of(model: Any) -> GPT2Step | None:

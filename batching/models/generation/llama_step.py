@@ -1,7 +1,7 @@
-"""The fused decode step of a Llama-family model (Llama, Mistral, Qwen2; :mod:`.fused_step`
-says why and when): RMS norms, rotary positions (the model's own rotary embedding, so every
-scaling it supports), grouped-query attention over the running batch's cache, and the gated
-SiLU feed-forward.
+"""The fused decode step and prefill of a Llama-family model (Llama, Mistral, Qwen2;
+:mod:`.fused_step` says why and when): RMS norms, rotary positions (the model's own rotary
+embedding, so every scaling it supports), grouped-query attention over the running batch's
+cache, and the gated SiLU feed-forward.
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
+from transformers import DynamicCache
 
-from .step_attention import attend_in_cache
+from .step_attention import Attend, attend_in_cache, attend_prompt, prompt_mask
 
 __all__ = ["LLAMA_FAMILY", "LlamaStep", "llama_step_of"]
 
@@ -94,33 +96,52 @@ class LlamaStep:
     ) -> torch.Tensor:
         """The next-token logits ``[rows, vocabulary]`` of one step (as
         :meth:`.gpt2_step.GPT2Step.__call__`)."""
-        rows, dim = int(last.shape[0]), self.head_dim
-        attend = (mask != 0)[:, None, None, :]
+        attend_mask = (mask != 0)[:, None, None, :]
+
+        def attend(index: int, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+            buffers = (keys[index], values[index])
+            return attend_in_cache(
+                query, key[:, :, 0], value[:, :, 0], buffers, columns, attend_mask, self.scale
+            )
+
         with torch.inference_mode():
-            hidden = F.embedding(last, self.tokens)
-            cos, sin = self.rotary(hidden, positions[:, None])
-            for index, layer in enumerate(self.layers):
-                normed = self._norm(hidden, layer.norm1, self.eps)
-                query = F.linear(normed, *layer.query).view(rows, self.heads, 1, dim)
-                key = F.linear(normed, *layer.key).view(rows, self.kv_heads, 1, dim)
-                value = F.linear(normed, *layer.value).view(rows, self.kv_heads, 1, dim)
-                query, key = self.rotate(query, key, cos, sin)
-                merged = attend_in_cache(
-                    query,
-                    key[:, :, 0],
-                    value[:, :, 0],
-                    (keys[index], values[index]),
-                    columns,
-                    attend,
-                    self.scale,
-                )
-                hidden = F.linear(merged, *layer.output).add_(hidden)
-                normed = self._norm(hidden, layer.norm2, self.eps)
-                inner = F.silu(F.linear(normed, *layer.gate)).mul_(F.linear(normed, *layer.up))
-                hidden = F.linear(inner, *layer.down).add_(hidden)
-            hidden = self._norm(hidden, self.final, self.final_eps)
-            logits: torch.Tensor = self.head(hidden)
-            return logits
+            return self._logits(last[:, None], positions[:, None], attend)
+
+    def prefill(self, ids: Tensor, positions: Tensor, mask: Tensor, cache: DynamicCache) -> Tensor:
+        """The next-token logits after each prompt (as :meth:`.gpt2_step.GPT2Step.prefill`)."""
+        allowed = prompt_mask(mask, int(ids.shape[1]))
+
+        def attend(index: int, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+            return attend_prompt(query, key, value, cache, index, allowed, self.scale)
+
+        with torch.inference_mode():
+            return self._logits(ids, positions, attend)
+
+    def _logits(self, ids: Tensor, positions: Tensor, attend: Attend) -> Tensor:
+        """Every layer over ``ids`` (``[rows, tokens]``, at ``positions``), each attending
+        through ``attend``; the logits after each row's last token."""
+        rows, tokens, dim = int(ids.shape[0]), int(ids.shape[1]), self.head_dim
+        hidden = F.embedding(ids, self.tokens)
+        cos, sin = self.rotary(hidden, positions)
+        hidden = hidden.view(rows * tokens, -1)
+
+        def heads(projected: Tensor, count: int) -> Tensor:
+            return projected.view(rows, tokens, count, dim).transpose(1, 2)
+
+        for index, layer in enumerate(self.layers):
+            normed = self._norm(hidden, layer.norm1, self.eps)
+            query = heads(F.linear(normed, *layer.query), self.heads)
+            key = heads(F.linear(normed, *layer.key), self.kv_heads)
+            value = heads(F.linear(normed, *layer.value), self.kv_heads)
+            query, key = self.rotate(query, key, cos, sin)
+            merged = attend(index, query, key, value)
+            hidden = F.linear(merged, *layer.output).add_(hidden)
+            normed = self._norm(hidden, layer.norm2, self.eps)
+            inner = F.silu(F.linear(normed, *layer.gate)).mul_(F.linear(normed, *layer.up))
+            hidden = F.linear(inner, *layer.down).add_(hidden)
+        last = hidden.view(rows, tokens, -1)[:, -1]
+        logits: Tensor = self.head(self._norm(last, self.final, self.final_eps))
+        return logits
 
 
 def llama_step_of(model: Any) -> LlamaStep | None:

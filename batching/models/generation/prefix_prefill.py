@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import torch
 from transformers import DynamicCache
@@ -27,7 +27,7 @@ from transformers.cache_utils import DynamicLayer
 
 from .prefix_cache import PrefixCache
 
-__all__ = ["Prefill", "Prefixes", "prefix_cache"]
+__all__ = ["Prefill", "Prefixes", "empty_cache", "prefix_cache"]
 
 #: What a block of the cache holds: its keys and values, ``[layers, 2, heads, block, dim]``.
 Prefixes = PrefixCache[torch.Tensor]
@@ -38,6 +38,15 @@ def prefix_cache(capacity_mb: int, block: int | None = None) -> Prefixes:
     if block is None:
         return PrefixCache(capacity_mb << 20, _bytes_of)
     return PrefixCache(capacity_mb << 20, _bytes_of, block)
+
+
+def empty_cache(layers: int) -> DynamicCache:
+    """An empty cache of ``layers`` plain key/value layers: what ``DynamicCache(config=...)``
+    builds for a model :func:`~.causal_batch.check_cache` accepted, without reading the
+    config again (a tenth of a millisecond of every prefill)."""
+    cache = DynamicCache()
+    cache.layers = [DynamicLayer() for _ in range(layers)]  # type: ignore[no-untyped-call]
+    return cache
 
 
 def _bytes_of(value: torch.Tensor) -> int:
@@ -65,13 +74,13 @@ class Prefill:
         prompts: list[list[int]],
         pad: int,
         prefixes: Prefixes | None,
-        config: Any,
+        layers: int,
         device: torch.device,
         *,
         count: bool = True,
     ) -> Prefill:
-        """The inputs of ``prompts``, their cached prefixes found in ``prefixes`` (with
-        ``count``, counted as hits and misses)."""
+        """The inputs of ``prompts`` for a model of ``layers`` plain key/value layers, their
+        cached prefixes found in ``prefixes`` (with ``count``, counted as hits and misses)."""
         found = [prefixes.find(ids, count=count) if prefixes else [] for ids in prompts]
         block = prefixes.block if prefixes else 0
         reused = [len(blocks) * block for blocks in found]
@@ -84,7 +93,7 @@ class Prefill:
             real.append([0] * (past - r) + [1] * r + [0] * (width - suffix) + [1] * suffix)
         mask = torch.tensor(real, dtype=torch.long, device=device)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, past:]
-        cache = DynamicCache(config=config)
+        cache = empty_cache(layers)
         if past:
             _fill(cache, found, past)
         input_ids = torch.tensor(ids, dtype=torch.long, device=device)

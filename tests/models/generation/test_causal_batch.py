@@ -19,6 +19,7 @@ from batching.errors import (
     PayloadTooLarge,
     UnprocessableInput,
 )
+from batching.models.generation import causal_batch
 from batching.models.generation.causal import TextGenerator
 from batching.models.generation.pieces import Joining, Piece, Status
 from batching.models.parameters import TaskItem
@@ -137,7 +138,31 @@ def test_rows_that_leave_free_their_cache(generator: TextGenerator) -> None:
     assert len(batch) == 1
     assert batch.columns < wide  # the long prompt's padding columns are gone
     batch.leave({1})
-    assert len(batch) == 0 and batch.cache is None
+    assert len(batch) == 0 and batch.columns == 0 and batch.window.count == 0
+
+
+def test_an_idle_batch_keeps_only_small_buffers_and_reuses_them(
+    generator: TextGenerator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next lone request writes into the buffers the last one left (no allocation on its
+    way to a first token) and gets the tokens a fresh batch gives; over
+    IDLE_BUFFER_BYTES, an idle batch gives its buffers back."""
+    fresh = generator.decode_batch()
+    alone = fresh.complete([fresh._prepared(Joining(0, item(PROMPTS[2], 6)))])
+    batch = generator.decode_batch()
+    batch.join_item(0, item(PROMPTS[5], 5))
+    while batch.rows:
+        batch.leave({piece.key for piece in batch.step() if piece.finish})
+    kept = batch.window.keys[0]
+    assert batch.cache is not None
+    again = batch.complete([batch._prepared(Joining(1, item(PROMPTS[2], 6)))])
+    assert batch.window.keys[0] is kept
+    assert again == alone
+    monkeypatch.setattr(causal_batch, "IDLE_BUFFER_BYTES", 0)
+    batch.join_item(2, item(PROMPTS[5], 3))
+    while batch.rows:
+        batch.leave({piece.key for piece in batch.step() if piece.finish})
+    assert batch.cache is None and batch.window.keys == []
 
 
 def test_the_cache_buffers_shrink_when_most_rows_left(generator: TextGenerator) -> None:

@@ -16,11 +16,12 @@ import transformers
 from batching import BatchingConfig, ModelConfig, create_app
 from batching.keys import ApiKeys
 from batching.models.generation.causal import TextGenerator
-from batching.models.generation.causal_batch import DecodeBatch
+from batching.models.generation.causal_batch import DecodeBatch, cache_layers
 from batching.models.generation.fused_step import FUSED_STEP_VARIABLE, fused_step_of
 from batching.models.generation.gpt2_step import GPT2Step
 from batching.models.generation.llama_step import LlamaStep
 from batching.models.generation.pieces import Joining
+from batching.models.generation.prefix_prefill import Prefill, prefix_cache
 from tests.support.generators import gpt2_folder, greedy_text
 from tests.support.running_batches import item
 from tests.support.threaded import serving_in_thread
@@ -125,6 +126,45 @@ def test_each_step_of_a_changing_batch_equals_transformers(
         for key in joins.get(step, []):
             batch.join_items([Joining(key, item(PROMPTS[key], lengths[key]))])
     assert compared > 15 and not batch.rows
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
+def test_a_prefill_after_cached_prefixes_equals_transformers(tmp_path: Path, family: str) -> None:
+    """Three newcomers, left-padded, two of them after prefixes of different lengths found in
+    the prefix cache: the fused prefill's logits, and every real column of the keys and
+    values it leaves, are transformers' forward's on the same inputs."""
+    batch = _generator(tmp_path, family=family).decode_batch()
+    fused = batch.fused
+    assert fused is not None
+    batch.prefixes = prefix_cache(1, block=4)
+    tokenize = batch.tokenizer
+    long = tokenize(" ".join(PROMPTS))["input_ids"]
+    batch._run([long[:13]])  # keeps its first three blocks
+    prompts = [long[:13] + long[20:24], long[:6], long[4:11]]
+    built = [Prefill.of(prompts, batch.pad, batch.prefixes, batch.layers, batch.device)]
+    built.append(Prefill.of(prompts, batch.pad, batch.prefixes, batch.layers, batch.device))
+    assert built[0].reused == [12, 4, 0] and built[0].past == 12
+    mine = fused.prefill(built[0].input_ids, built[0].positions, built[0].mask, built[0].cache)
+    reference = built[1]
+    with torch.inference_mode():
+        theirs = batch.model(
+            input_ids=reference.input_ids,
+            attention_mask=reference.mask,
+            position_ids=reference.positions,
+            cache=reference.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]
+    tolerance = 1e-5 if family == "gpt2" else 1e-4
+    assert float((mine - theirs).abs().max()) < tolerance
+    real = reference.mask.bool()
+    for ours, their in zip(
+        cache_layers(built[0].cache), cache_layers(reference.cache), strict=True
+    ):
+        for a, b in ((ours.keys, their.keys), (ours.values, their.values)):
+            assert a is not None and b is not None and a.shape == b.shape
+            columns = real[:, None, :, None].expand_as(a)
+            assert float((a - b)[columns].abs().max()) < tolerance
 
 
 def test_only_what_it_computes_exactly_is_fused(
