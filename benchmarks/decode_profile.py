@@ -22,6 +22,10 @@ attention, rotary positions, a gated feed-forward).
 - **modules**: transformers' forward computes the step (``BATCHING_FUSED_STEP=0``);
 - **whole**: the fused step, each row's new tokens decoded whole at every step.
 
+Then a lone request's prefill (``--joins`` of them on each path, alternating): the join of one
+of the benchmark's prompts into an empty running batch, its prefill on the fused path against
+transformers' forward.
+
 Runs are interleaved: every path on one thread, then on two, twice. The event loop's share
 in a served run is what ``py-spy`` shows of the server's main thread under
 ``benchmarks/generation.py``'s load (the command is in docs/generation.md).
@@ -144,6 +148,31 @@ def profile(
     }
 
 
+def lone_prefills(generator: TextGenerator, joins: int) -> dict[str, float]:
+    """Milliseconds of a lone request's prefill (its join: tokenised, prefilled, its first
+    token picked) on the fused path and through transformers' forward, one after the other
+    on the same running batch (the path alternating per join), the governor choosing the
+    threads: medians over ``joins`` joins of each, the benchmark's prompts."""
+    torch.set_num_threads(2)
+    batch = generator.decode_batch()
+    batch.prefixes = None  # every prompt prefilled whole
+    fused = batch.fused
+    times: dict[str, list[float]] = {"fused": [], "modules": []}
+    prompts = workload(64, 8, 128)
+    for index in range(2 * joins + 20):
+        path = "fused" if index % 2 == 0 else "modules"
+        batch.fused = fused if path == "fused" else None
+        item = TaskItem(prompts[(index // 2) % len(prompts)].prompt, (("max_new_tokens", 64),))
+        started = time.perf_counter()
+        batch.join_item(index, item)
+        if index >= 20:  # after the first shapes
+            times[path].append(time.perf_counter() - started)
+        batch.fused = fused
+        batch.step()
+        batch.leave({index})
+    return {f"lone_prefill_{path}_ms": statistics.median(v) * 1e3 for path, v in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=16)
@@ -153,6 +182,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--paths", default=",".join(PATHS), help="of " + ", ".join(PATHS))
     parser.add_argument("--family", default="gpt2", choices=["gpt2", "llama"])
+    parser.add_argument(
+        "--joins", type=int, default=100, help="lone prefills timed on each path (0: none)"
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -170,6 +202,7 @@ def main() -> None:
             for threads in (1, 2, 1, 2)
             for path in args.paths.split(",")
         ]
+        prefills = lone_prefills(generator, args.joins) if args.joins else {}
     keys = [k for k in runs[0] if k not in ("threads", "path")]
     columns = [(path, threads) for path in args.paths.split(",") for threads in (1, 2)]
     medians = {
@@ -185,9 +218,16 @@ def main() -> None:
     print(f"{'':<20}" + "".join(f"{f'{p} {t}t':>13}" for p, t in columns))
     for key in keys:
         print(f"{key:<20}" + "".join(f"{medians[c][key]:>13.2f}" for c in columns))
+    if prefills:
+        print(
+            f"a lone request's prefill (median of {args.joins} each, interleaved): fused "
+            f"{prefills['lone_prefill_fused_ms']:.2f} ms, transformers' forward "
+            f"{prefills['lone_prefill_modules_ms']:.2f} ms"
+        )
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"args": vars(args) | {"json": None}, "runs": runs}))
+        document = {"args": vars(args) | {"json": None}, "runs": runs, "prefills": prefills}
+        args.json.write_text(json.dumps(document))
 
 
 if __name__ == "__main__":

@@ -13,10 +13,11 @@ turns this path off.
 A step reads and writes the running batch's own cache buffers
 (:class:`~.causal_batch.DecodeBatch`'s window): each layer writes its new column in place and
 attends over the live columns. A prefill (the newcomers' prompts, left-padded, after the
-prefixes the prefix cache found) is computed the same way into the prefill's cache: on a lone
-37-token prompt of the benchmark's GPT-2 its forward took 6.6 ms here against 8.5 ms through
-transformers, a time to first token shorter by as much. A prefill that echoes its prompt's
-log-probabilities (it needs every position's hidden state) keeps transformers' forward.
+prefixes the prefix cache found) is computed the same way into the prefill's cache: a lone request's
+prefill of the benchmark's GPT-2 took 7.48 ms against 10.26 ms through transformers
+(``decode_profile.py``'s medians, the two interleaved), a first token sooner by as much. A
+prefill that echoes its prompt's log-probabilities (it needs every position's hidden state)
+keeps transformers' forward.
 
 :func:`fused_step_of` builds one for a model it can compute exactly as transformers does, on
 the CPU in fp32, and None for any other: those keep transformers' forward.
