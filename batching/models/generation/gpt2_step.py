@@ -6,16 +6,16 @@ input-major), learned positions, and its activation as one operator.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from transformers import DynamicCache
 
-from .step_attention import Attend, attend_in_cache, attend_prompt, prompt_mask
+from .fused_forward import FusedForward
+from .step_attention import Attend
 
 __all__ = ["GPT2Step", "gpt2_step_of"]
 
@@ -39,7 +39,7 @@ class _Block:
     down: tuple[torch.Tensor, torch.Tensor]
 
 
-class GPT2Step:
+class GPT2Step(FusedForward):
     """The decode step of one loaded GPT-2 model (built by :func:`gpt2_step_of`)."""
 
     def __init__(self, model: Any) -> None:
@@ -66,39 +66,6 @@ class GPT2Step:
             )
             for block in body.h
         ]
-
-    def __call__(
-        self,
-        last: torch.Tensor,
-        positions: torch.Tensor,
-        keys: Sequence[torch.Tensor],
-        values: Sequence[torch.Tensor],
-        columns: tuple[int, int],
-        mask: torch.Tensor,
-    ) -> torch.Tensor:
-        """The next-token logits ``[rows, vocabulary]`` of one step
-        (:class:`.fused_step.FusedStep`)."""
-        attend_mask = (mask != 0)[:, None, None, :]
-
-        def attend(index: int, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
-            buffers = (keys[index], values[index])
-            return attend_in_cache(
-                query, key[:, :, 0], value[:, :, 0], buffers, columns, attend_mask, self.scale
-            )
-
-        with torch.inference_mode():
-            return self._logits(last[:, None], positions[:, None], attend)
-
-    def prefill(self, ids: Tensor, positions: Tensor, mask: Tensor, cache: DynamicCache) -> Tensor:
-        """The next-token logits ``[rows, vocabulary]`` after each prompt
-        (:meth:`.fused_step.FusedStep.prefill`)."""
-        allowed = prompt_mask(mask, int(ids.shape[1]))
-
-        def attend(index: int, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
-            return attend_prompt(query, key, value, cache, index, allowed, self.scale)
-
-        with torch.inference_mode():
-            return self._logits(ids, positions, attend)
 
     def _logits(self, ids: Tensor, positions: Tensor, attend: Attend) -> Tensor:
         """Every block over ``ids`` (``[rows, tokens]``, at ``positions``), each attending

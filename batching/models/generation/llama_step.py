@@ -7,16 +7,16 @@ cache, and the gated SiLU feed-forward.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from transformers import DynamicCache
 
-from .step_attention import Attend, attend_in_cache, attend_prompt, prompt_mask
+from .fused_forward import FusedForward
+from .step_attention import Attend
 
 __all__ = ["LLAMA_FAMILY", "LlamaStep", "llama_step_of"]
 
@@ -45,7 +45,7 @@ def _linear(module: Any) -> Linear:
     return module.weight, module.bias
 
 
-class LlamaStep:
+class LlamaStep(FusedForward):
     """The decode step of one loaded Llama-family model (built by :func:`llama_step_of`)."""
 
     def __init__(self, model: Any) -> None:
@@ -84,38 +84,6 @@ class LlamaStep:
     def _norm(self, hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         variance = hidden.pow(2).mean(-1, keepdim=True)
         return weight * (hidden * torch.rsqrt(variance + eps))
-
-    def __call__(
-        self,
-        last: torch.Tensor,
-        positions: torch.Tensor,
-        keys: Sequence[torch.Tensor],
-        values: Sequence[torch.Tensor],
-        columns: tuple[int, int],
-        mask: torch.Tensor,
-    ) -> torch.Tensor:
-        """The next-token logits ``[rows, vocabulary]`` of one step (as
-        :meth:`.gpt2_step.GPT2Step.__call__`)."""
-        attend_mask = (mask != 0)[:, None, None, :]
-
-        def attend(index: int, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
-            buffers = (keys[index], values[index])
-            return attend_in_cache(
-                query, key[:, :, 0], value[:, :, 0], buffers, columns, attend_mask, self.scale
-            )
-
-        with torch.inference_mode():
-            return self._logits(last[:, None], positions[:, None], attend)
-
-    def prefill(self, ids: Tensor, positions: Tensor, mask: Tensor, cache: DynamicCache) -> Tensor:
-        """The next-token logits after each prompt (as :meth:`.gpt2_step.GPT2Step.prefill`)."""
-        allowed = prompt_mask(mask, int(ids.shape[1]))
-
-        def attend(index: int, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
-            return attend_prompt(query, key, value, cache, index, allowed, self.scale)
-
-        with torch.inference_mode():
-            return self._logits(ids, positions, attend)
 
     def _logits(self, ids: Tensor, positions: Tensor, attend: Attend) -> Tensor:
         """Every layer over ``ids`` (``[rows, tokens]``, at ``positions``), each attending
