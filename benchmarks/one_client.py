@@ -16,7 +16,9 @@ the server's rate is one over the sum of the steps. This script measures, interl
   one request at a time, no HTTP and no client: what the app itself costs (the door, the data
   plane, the batcher, the hand-off to the instance's thread and back), its CPU per request,
   and the event loop's Python function calls per request (cProfile's count over 500 more
-  requests: the same on any machine, busy or not);
+  requests: the same on any machine, busy or not); then two parts of its path, each alone:
+  its middleware and routing (the liveness route, which answers without the data plane) and
+  the instance thread's hand-off and back (an empty call);
 - **uvicorn**: bare uvicorn (its own HTTP protocol and event loop, as ``server.py`` picks
   them) with an ASGI app of a few lines that reads the body and answers the instant model's
   JSON, the same client: the floor, what the HTTP exchange itself costs. ``instant / uvicorn``
@@ -94,6 +96,7 @@ APP_SCRIPT = """
 import asyncio, cProfile, json, pstats, sys, time
 import uvloop
 from batching import ModelConfig, create_app
+from batching.runtime.worker import InstanceThread
 from benchmarks.serving import sentences
 
 async def main(seconds):
@@ -132,13 +135,29 @@ async def main(seconds):
             assert await call("POST", "/", bodies[done % 600]) == 200
             done += 1
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        # Two parts of a request's path, each alone: the app's middleware and routing (the
+        # liveness route answers without the data plane), and the instance thread's hand-off
+        # and back (an empty call on an instance thread of its own).
+        started = time.perf_counter()
+        for _ in range(2000):
+            await call("GET", "/v2/health/live")
+        stack = (time.perf_counter() - started) / 2000
+        thread = InstanceThread("handoff")
+        for _ in range(200):
+            await thread.call_soon(int)
+        started = time.perf_counter()
+        for _ in range(2000):
+            await thread.call_soon(int)
+        handoff = (time.perf_counter() - started) / 2000
+        thread.shutdown()
         profile = cProfile.Profile()
         profile.enable()
         for index in range(500):
             await call("POST", "/", bodies[index % 600])
         profile.disable()
     calls = sum(row[1] for row in pstats.Stats(profile).stats.values()) / 500
-    print(json.dumps({"items_per_s": done / wall, "cpu_ms": 1000 * cpu / done, "calls": calls}))
+    print(json.dumps({"items_per_s": done / wall, "cpu_ms": 1000 * cpu / done, "calls": calls,
+                      "stack_ms": 1000 * stack, "handoff_ms": 1000 * handoff}))
 
 uvloop.run(main(float(sys.argv[1])))
 """
@@ -157,7 +176,10 @@ def app_rate(seconds: float, root: Path = ROOT) -> Measured:
         text=True,
     )
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    return Measured(float(result["items_per_s"]), float(result["cpu_ms"]), calls=result["calls"])
+    parts = {key: float(result[f"{key}_ms"]) for key in ("stack", "handoff")}
+    return Measured(
+        float(result["items_per_s"]), float(result["cpu_ms"]), calls=result["calls"], parts=parts
+    )
 
 
 def engine_rate(seconds: float) -> float:
@@ -192,6 +214,9 @@ class Measured:
     model_step_ms: float | None = None
     #: The event loop's Python function calls per request (cProfile's count; the app step).
     calls: float | None = None
+    #: Milliseconds of parts of the app's path, each alone (the app step): ``stack``, its
+    #: middleware and routing; ``handoff``, the instance thread's hand-off and back.
+    parts: dict[str, float] | None = None
 
 
 def warm(server: ServerProcess) -> None:
@@ -322,6 +347,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 name: round(step.calls, 1) for name, step in measured.items() if step.calls
             },
         }
+        if measured.get("app") is not None and measured["app"].parts:
+            row["app_parts_ms"] = {
+                key: round(value, 3) for key, value in (measured["app"].parts or {}).items()
+            }
         if "server" in ms:
             row["server_model_step_ms"] = round(measured["server"].model_step_ms or 0.0, 3)
         if "server" in ms and "engine" in ms:
@@ -346,6 +375,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     medians["calls_per_request"] = {
         name: median(name, "calls_per_request") for name in rounds[0]["calls_per_request"]
     }
+    if "app_parts_ms" in rounds[0]:
+        medians["app_parts_ms"] = {
+            key: median(key, "app_parts_ms") for key in rounds[0]["app_parts_ms"]
+        }
     for key in (
         "server_model_step_ms",
         "server_adds_ms",
@@ -380,6 +413,8 @@ COLUMNS: list[tuple[str, Callable[[dict[str, Any], dict[str, Any]], str | None]]
     ("app alone, no HTTP", lambda ms, row: _ms(ms, "app")),
     ("its CPU", lambda ms, row: _ms(row["server_cpu_ms"], "app")),
     ("its calls per request", lambda ms, row: _calls(row["calls_per_request"], "app")),
+    ("its middleware and routing", lambda ms, row: _ms(row.get("app_parts_ms", {}), "stack")),
+    ("its thread hand-off", lambda ms, row: _ms(row.get("app_parts_ms", {}), "handoff")),
     ("server / engine", lambda ms, row: _ratio(row, "server_vs_engine")),
 ]
 
