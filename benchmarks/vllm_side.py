@@ -197,18 +197,24 @@ def tree_cpu_seconds(pids: Sequence[int]) -> float:
 
 
 def quiet(
-    pids: Sequence[int], cores: float = QUIET_CORES, window: float = 0.5, limit: float = 15.0
+    pids: Sequence[int],
+    cores: float = QUIET_CORES,
+    window: float = 0.5,
+    limit: float = 15.0,
+    *,
+    cpu: Callable[[Sequence[int]], float] = tree_cpu_seconds,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
 ) -> float:
     """Wait until the process trees of ``pids`` together use under ``cores`` cores over a
-    ``window`` of seconds (or ``limit`` seconds have passed): the seconds waited."""
-    started = time.monotonic()
+    ``window`` of seconds (or ``limit`` seconds have passed): the seconds waited. ``cpu``,
+    ``sleep`` and ``clock`` are the machine's unless a test gives its own."""
+    started = clock()
     while True:
-        before = tree_cpu_seconds(pids)
-        time.sleep(window)
-        if tree_cpu_seconds(pids) - before < cores * window:
-            return time.monotonic() - started
-        if time.monotonic() - started > limit:
-            return time.monotonic() - started
+        before = cpu(pids)
+        sleep(window)
+        if cpu(pids) - before < cores * window or clock() - started > limit:
+            return clock() - started
 
 
 def _empty() -> dict[str, Any]:
