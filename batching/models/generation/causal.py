@@ -66,8 +66,8 @@ class TextGenerator(GenerationModel):
         known = self._positions
         if known is not None and known[0] is self._tokenizer:
             return known[1]
-        # Read once per tokenizer: each request's limits ask for it, and reading the config
-        # (its to_dict) costs a quarter of a millisecond.
+        # Read once per tokenizer: each request's limits ask for it, and reading it walks
+        # the whole config (its to_dict).
         value = max_length_of(self._tokenizer, self.config, default=MAX_NEW_TOKENS_CAP + 1)
         self._positions = (self._tokenizer, value)
         return value

@@ -37,7 +37,7 @@ from transformers.cache_utils import DynamicLayer
 
 from .fused_step import FusedStep
 from .logprobs import capture_hidden, prompt_echo, prompt_logprobs
-from .prefix_prefill import Prefill, Prefixes, empty_cache
+from .prefix_prefill import Prefill, Prefixes
 from .running import Prompt, Row, RunningBatchBase, pad
 
 __all__ = ["DecodeBatch", "cache_layers", "check_cache"]
@@ -111,9 +111,8 @@ class _Window:
     def idle(self) -> bool:
         """Empty the window, keeping its buffers when they hold at most
         :data:`IDLE_BUFFER_BYTES` (whether it kept them): a lone request after another then
-        writes into them instead of allocating and zeroing new ones (half a millisecond of its
-        first token on a small model). Larger ones are given back (memory follows the live
-        sequences)."""
+        writes into them instead of allocating and zeroing new ones on its way to its first
+        token. Larger ones are given back (memory follows the live sequences)."""
         self.count, self.start, self.end = 0, 0, 0
         held = sum(buffer.numel() * buffer.element_size() for buffer in self.keys + self.values)
         return 0 < held <= IDLE_BUFFER_BYTES
@@ -281,7 +280,7 @@ class DecodeBatch(RunningBatchBase[tuple[DynamicCache, torch.Tensor]]):
         window.count += len(rows)
         self.rows.extend(rows)
         if self.cache is None:
-            self.cache = empty_cache(0)
+            self.cache = DynamicCache()
             self.cache.layers = [_WindowLayer(window, i) for i in range(len(layers))]
 
     # -- step -------------------------------------------------------------------------------

@@ -40,7 +40,8 @@ class _Block:
 
 
 class GPT2Step(FusedForward):
-    """The decode step of one loaded GPT-2 model (built by :func:`gpt2_step_of`)."""
+    """The decode step and prefill of one loaded GPT-2 model (built by
+    :func:`gpt2_step_of`)."""
 
     def __init__(self, model: Any) -> None:
         config = model.config

@@ -46,7 +46,8 @@ def _linear(module: Any) -> Linear:
 
 
 class LlamaStep(FusedForward):
-    """The decode step of one loaded Llama-family model (built by :func:`llama_step_of`)."""
+    """The decode step and prefill of one loaded Llama-family model (built by
+    :func:`llama_step_of`)."""
 
     def __init__(self, model: Any) -> None:
         body = model.model

@@ -43,7 +43,7 @@ def prefix_cache(capacity_mb: int, block: int | None = None) -> Prefixes:
 def empty_cache(layers: int) -> DynamicCache:
     """An empty cache of ``layers`` plain key/value layers: what ``DynamicCache(config=...)``
     builds for a model :func:`~.causal_batch.check_cache` accepted, without reading the
-    config again (a tenth of a millisecond of every prefill)."""
+    config again at every prefill."""
     cache = DynamicCache()
     cache.layers = [DynamicLayer() for _ in range(layers)]  # type: ignore[no-untyped-call]
     return cache
