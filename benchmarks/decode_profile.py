@@ -19,12 +19,15 @@ attention, rotary positions, a gated feed-forward).
 - **fused**: what the server runs: the fused step (:mod:`batching.models.generation.
   fused_step`) and each row's text decoded a few tokens at a time (:mod:`batching.models.
   generation.detokenizer`);
+- **plain**: the fused step with its weight products computed by plain ``addmm``/``linear``
+  at every size, none from the oneDNN-prepacked copies (:mod:`batching.models.generation.
+  packed_products`; what the fused path uses where the load measured them faster);
 - **modules**: transformers' forward computes the step (``BATCHING_FUSED_STEP=0``);
 - **whole**: the fused step, each row's new tokens decoded whole at every step.
 
-Then a lone request's prefill (``--joins`` of them on each path, alternating): the join of one
-of the benchmark's prompts into an empty running batch, its prefill on the fused path against
-transformers' forward.
+Then a lone request's prefill (``--joins`` of them on each path, in turn): the join of one
+of the benchmark's prompts into an empty running batch, its prefill on the fused path, on
+the fused path with plain products, and through transformers' forward.
 
 Runs are interleaved: every path on one thread, then on two, twice. The event loop's share
 in a served run is what ``py-spy`` shows of the server's main thread under
@@ -45,6 +48,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +65,7 @@ from batching.models.generation.causal import TextGenerator  # noqa: E402
 from batching.models.generation.detokenizer import Detokenizer  # noqa: E402
 from batching.models.parameters import TaskItem  # noqa: E402
 
-PATHS = ("fused", "modules", "whole")
+PATHS = ("fused", "plain", "modules", "whole")
 
 
 def profile(
@@ -92,11 +97,14 @@ def profile(
 
     causal_batch.DecodeBatch._forward = forward  # type: ignore[method-assign]
     running.RunningBatchBase._advance_all = advance  # type: ignore[method-assign]
+    stack = ExitStack()
     try:
         batch = generator.direct_batch()
         batch.threads.fixed = True  # the count set here, not the governor's
         if path == "modules":
             batch.fused = None
+        elif path == "plain":
+            stack.enter_context(plain_products(batch.fused))
         elif path == "whole":
             batch.detokenizer = Detokenizer(generator._tokenizer, whole=True)
         batch.join_many(list(enumerate(prompts)))
@@ -133,6 +141,7 @@ def profile(
         step_ms = statistics.median(totals) * 1e3
         advance_ms = statistics.median(advances) * 1e3
     finally:
+        stack.close()
         causal_batch.DecodeBatch._forward = real_forward  # type: ignore[method-assign]
         running.RunningBatchBase._advance_all = real_advance  # type: ignore[method-assign]
     return {
@@ -148,25 +157,42 @@ def profile(
     }
 
 
+@contextmanager
+def plain_products(fused: Any) -> Iterator[None]:
+    """``fused``'s weight products plain at every size while inside."""
+    products = [product for layer in fused.products for product in layer]
+    kept = [product.packed for product in products]
+    for product in products:
+        product.packed = None
+    try:
+        yield
+    finally:
+        for product, packed in zip(products, kept, strict=True):
+            product.packed = packed
+
+
 def lone_prefills(generator: TextGenerator, joins: int) -> dict[str, float]:
     """Milliseconds of a lone request's prefill (its join: tokenised, prefilled, its first
-    token picked) on the fused path and through transformers' forward, one after the other
-    on the same running batch (the path alternating per join), the governor choosing the
-    threads: medians over ``joins`` joins of each, the benchmark's prompts."""
+    token picked) on the fused path, on it with plain products and through transformers'
+    forward, one after the other on the same running batch (the path changing per join), the
+    governor choosing the threads: medians over ``joins`` joins of each, the benchmark's
+    prompts."""
     torch.set_num_threads(2)
     batch = generator.decode_batch()
     batch.prefixes = None  # every prompt prefilled whole
     fused = batch.fused
-    times: dict[str, list[float]] = {"fused": [], "modules": []}
+    paths = ("fused", "plain", "modules")
+    times: dict[str, list[float]] = {path: [] for path in paths}
     prompts = workload(64, 8, 128)
-    for index in range(2 * joins + 20):
-        path = "fused" if index % 2 == 0 else "modules"
-        batch.fused = fused if path == "fused" else None
-        item = TaskItem(prompts[(index // 2) % len(prompts)].prompt, (("max_new_tokens", 64),))
-        started = time.perf_counter()
-        batch.join_item(index, item)
-        if index >= 20:  # after the first shapes
-            times[path].append(time.perf_counter() - started)
+    for index in range(len(paths) * (joins + 10)):
+        path = paths[index % len(paths)]
+        batch.fused = None if path == "modules" else fused
+        item = TaskItem(prompts[(index // 3) % len(prompts)].prompt, (("max_new_tokens", 64),))
+        with plain_products(fused) if path == "plain" else nullcontext():
+            started = time.perf_counter()
+            batch.join_item(index, item)
+            if index >= 30:  # after the first shapes
+                times[path].append(time.perf_counter() - started)
         batch.fused = fused
         batch.step()
         batch.leave({index})
@@ -221,7 +247,8 @@ def main() -> None:
     if prefills:
         print(
             f"a lone request's prefill (median of {args.joins} each, interleaved): fused "
-            f"{prefills['lone_prefill_fused_ms']:.2f} ms, transformers' forward "
+            f"{prefills['lone_prefill_fused_ms']:.2f} ms, with plain products "
+            f"{prefills['lone_prefill_plain_ms']:.2f} ms, transformers' forward "
             f"{prefills['lone_prefill_modules_ms']:.2f} ms"
         )
     if args.json is not None:

@@ -23,7 +23,7 @@ from ..parameters import Param
 from ..shared.text_models import max_length_of
 from ..tasks.generation import TEXT_GENERATION
 from .causal_batch import DecodeBatch, check_cache
-from .fused_step import fused_step_of
+from .fused_step import FusedStep, fused_step_of
 from .generator import GenerationModel, Prompt
 from .pieces import Answer
 from .prefix_cache import DEFAULT_PREFIX_CACHE_MB
@@ -47,6 +47,8 @@ class TextGenerator(GenerationModel):
     completion_in_context: ClassVar[bool] = True
     #: :meth:`positions` and the tokenizer it was read with.
     _positions: tuple[Any, int] | None = None
+    #: The loaded model's fused step (:mod:`.fused_step`), one for all its running batches.
+    _fused: FusedStep | None = None
 
     def __init__(
         self,
@@ -108,6 +110,14 @@ class TextGenerator(GenerationModel):
         tokenizer.padding_side = "left"
         tokenizer.truncation_side = "left"
 
+    def load(self, device: str) -> None:
+        super().load(device)
+        self._fused = fused_step_of(self._model)
+        if self._fused is not None:
+            decided = self._fused.pack()
+            if decided is not None:
+                logger.info("%s: %s", self.path.name, decided)
+
     def decode_batch(self) -> DecodeBatch:
         """An empty running batch of this instance's model.
 
@@ -120,7 +130,7 @@ class TextGenerator(GenerationModel):
         ends = [eos] if isinstance(eos, int) else list(eos or [])
         batch = DecodeBatch(self._model, self._tokenizer, ends, self._prepare, self.answer)
         batch.prefixes = self.prefixes
-        batch.fused = fused_step_of(self._model)
+        batch.fused = self._fused
         return batch
 
     def direct_batch(self) -> DecodeBatch:

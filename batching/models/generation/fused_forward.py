@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from .packed_products import Product, pack_products
 from .step_attention import Attend, attend_in_cache, attend_prompt, prompt_mask
 
 __all__ = ["FusedForward"]
@@ -24,6 +25,13 @@ class FusedForward(ABC):
 
     #: The attention's scale (the model's own).
     scale: float
+    #: Each layer's weight products (:mod:`.packed_products`).
+    products: list[list[Product]]
+
+    def pack(self) -> str | None:
+        """Serve the layers' products prepacked where that measures faster
+        (:func:`.packed_products.pack_products`): what was measured and decided."""
+        return pack_products(self.products)
 
     def __call__(
         self,

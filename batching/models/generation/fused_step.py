@@ -65,6 +65,12 @@ class FusedStep(Protocol):
         """
         ...
 
+    def pack(self) -> str | None:
+        """Serve the layers' weight products prepacked where that measures faster
+        (:mod:`.packed_products`); what was measured and decided (None: not a candidate).
+        Called once, when the model loads."""
+        ...
+
     def prefill(
         self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: DynamicCache
     ) -> torch.Tensor:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .fused_forward import FusedForward
+from .packed_products import Product
 from .step_attention import Attend
 
 __all__ = ["GPT2Step", "gpt2_step_of"]
@@ -32,11 +33,20 @@ class _Block:
     """One transformer block's weights, as its operators take them."""
 
     ln1: tuple[torch.Tensor, torch.Tensor]
-    attention: tuple[torch.Tensor, torch.Tensor]  # the fused query/key/value projection
-    projection: tuple[torch.Tensor, torch.Tensor]
+    attention: Product  # the fused query/key/value projection
+    projection: Product
     ln2: tuple[torch.Tensor, torch.Tensor]
-    up: tuple[torch.Tensor, torch.Tensor]
-    down: tuple[torch.Tensor, torch.Tensor]
+    up: Product
+    down: Product
+
+    @property
+    def products(self) -> list[Product]:
+        return [self.attention, self.projection, self.up, self.down]
+
+
+def _conv1d(module: Any) -> Product:
+    """GPT-2's ``Conv1D``: its weight is stored input-major."""
+    return Product(module.weight, module.bias, input_major=True)
 
 
 class GPT2Step(FusedForward):
@@ -59,14 +69,15 @@ class GPT2Step(FusedForward):
         self.blocks = [
             _Block(
                 (block.ln_1.weight, block.ln_1.bias),
-                (block.attn.c_attn.weight, block.attn.c_attn.bias),
-                (block.attn.c_proj.weight, block.attn.c_proj.bias),
+                _conv1d(block.attn.c_attn),
+                _conv1d(block.attn.c_proj),
                 (block.ln_2.weight, block.ln_2.bias),
-                (block.mlp.c_fc.weight, block.mlp.c_fc.bias),
-                (block.mlp.c_proj.weight, block.mlp.c_proj.bias),
+                _conv1d(block.mlp.c_fc),
+                _conv1d(block.mlp.c_proj),
             )
             for block in body.h
         ]
+        self.products = [block.products for block in self.blocks]
 
     def _logits(self, ids: Tensor, positions: Tensor, attend: Attend) -> Tensor:
         """Every block over ``ids`` (``[rows, tokens]``, at ``positions``), each attending
@@ -77,14 +88,14 @@ class GPT2Step(FusedForward):
         hidden = hidden.view(rows * tokens, width)
         for index, block in enumerate(self.blocks):
             normed = F.layer_norm(hidden, (width,), *block.ln1, self.eps)
-            qkv = torch.addmm(block.attention[1], normed, block.attention[0])
+            qkv = block.attention(normed)
             # [query/key/value, rows, heads, tokens, dim]
             qkv = qkv.view(rows, tokens, 3, heads, width // heads).permute(2, 0, 3, 1, 4)
             merged = attend(index, qkv[0], qkv[1], qkv[2])
-            hidden = torch.addmm(block.projection[1], merged, block.projection[0]).add_(hidden)
+            hidden = block.projection(merged).add_(hidden)
             normed = F.layer_norm(hidden, (width,), *block.ln2, self.eps)
-            inner = self.activation(torch.addmm(block.up[1], normed, block.up[0]))
-            hidden = torch.addmm(block.down[1], inner, block.down[0]).add_(hidden)
+            inner = self.activation(block.up(normed))
+            hidden = block.down(inner).add_(hidden)
         last = hidden.view(rows, tokens, width)[:, -1]
         logits: Tensor = self.head(F.layer_norm(last, (width,), *self.final, self.eps))
         return logits

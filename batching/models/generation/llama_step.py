@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .fused_forward import FusedForward
+from .packed_products import Product
 from .step_attention import Attend
 
 __all__ = ["LLAMA_FAMILY", "LlamaStep", "llama_step_of"]
@@ -23,26 +24,28 @@ __all__ = ["LLAMA_FAMILY", "LlamaStep", "llama_step_of"]
 #: The model classes this step computes exactly as transformers does.
 LLAMA_FAMILY = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"})
 
-Linear = tuple[torch.Tensor, torch.Tensor | None]
-
 
 @dataclass(frozen=True, slots=True)
 class _Layer:
     """One decoder layer's weights, as its operators take them."""
 
     norm1: torch.Tensor
-    query: Linear
-    key: Linear
-    value: Linear
-    output: Linear
+    query: Product
+    key: Product
+    value: Product
+    output: Product
     norm2: torch.Tensor
-    gate: Linear
-    up: Linear
-    down: Linear
+    gate: Product
+    up: Product
+    down: Product
+
+    @property
+    def products(self) -> list[Product]:
+        return [self.query, self.key, self.value, self.output, self.gate, self.up, self.down]
 
 
-def _linear(module: Any) -> Linear:
-    return module.weight, module.bias
+def _linear(module: Any) -> Product:
+    return Product(module.weight, module.bias, input_major=False)
 
 
 class LlamaStep(FusedForward):
@@ -81,6 +84,7 @@ class LlamaStep(FusedForward):
             )
             for layer in body.layers
         ]
+        self.products = [layer.products for layer in self.layers]
 
     def _norm(self, hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         variance = hidden.pow(2).mean(-1, keepdim=True)
@@ -99,15 +103,15 @@ class LlamaStep(FusedForward):
 
         for index, layer in enumerate(self.layers):
             normed = self._norm(hidden, layer.norm1, self.eps)
-            query = heads(F.linear(normed, *layer.query), self.heads)
-            key = heads(F.linear(normed, *layer.key), self.kv_heads)
-            value = heads(F.linear(normed, *layer.value), self.kv_heads)
+            query = heads(layer.query(normed), self.heads)
+            key = heads(layer.key(normed), self.kv_heads)
+            value = heads(layer.value(normed), self.kv_heads)
             query, key = self.rotate(query, key, cos, sin)
             merged = attend(index, query, key, value)
-            hidden = F.linear(merged, *layer.output).add_(hidden)
+            hidden = layer.output(merged).add_(hidden)
             normed = self._norm(hidden, layer.norm2, self.eps)
-            inner = F.silu(F.linear(normed, *layer.gate)).mul_(F.linear(normed, *layer.up))
-            hidden = F.linear(inner, *layer.down).add_(hidden)
+            inner = F.silu(layer.gate(normed)).mul_(layer.up(normed))
+            hidden = layer.down(inner).add_(hidden)
         last = hidden.view(rows, tokens, -1)[:, -1]
         logits: Tensor = self.head(self._norm(last, self.final, self.final_eps))
         return logits

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-__all__ = ["MARGIN", "MIN_PARAMETERS", "ROWS", "pack_output_layer"]
+__all__ = ["MARGIN", "MIN_PARAMETERS", "ROWS", "pack_output_layer", "prepacking_available", "timed"]
 
 #: Output layers with fewer weights are left as they are.
 MIN_PARAMETERS = 2_000_000
@@ -43,7 +43,7 @@ def pack_output_layer(model: Any) -> str | None:
     """Serve ``model``'s output layer from a oneDNN-prepacked copy where that is faster; what
     was measured and decided (None: not a candidate)."""
     head = model.get_output_embeddings()
-    if not isinstance(head, nn.Linear) or not _available():
+    if not isinstance(head, nn.Linear) or not prepacking_available():
         return None
     weight, bias = head.weight.detach(), None if head.bias is None else head.bias.detach()
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
@@ -66,10 +66,10 @@ def pack_output_layer(model: Any) -> str | None:
     samples = [torch.randn(rows, 1, weight.shape[1]) for rows in (1, ROWS)]
     with torch.inference_mode():
         try:
-            packed_s = [_timed(forward, sample) for sample in samples]
+            packed_s = [timed(forward, sample) for sample in samples]
         except RuntimeError:
             return None
-        plain_s = [_timed(plain, sample) for sample in samples]
+        plain_s = [timed(plain, sample) for sample in samples]
     measured = (
         f"{packed_s[0] * 1e3:.1f}/{packed_s[1] * 1e3:.1f} ms prepacked against "
         f"{plain_s[0] * 1e3:.1f}/{plain_s[1] * 1e3:.1f} ms plain at 1/{ROWS} rows"
@@ -80,7 +80,8 @@ def pack_output_layer(model: Any) -> str | None:
     return f"output layer served prepacked for oneDNN ({measured})"
 
 
-def _available() -> bool:
+def prepacking_available() -> bool:
+    """Whether this torch has oneDNN and the operators that prepack a weight and use it."""
     ops = getattr(torch.ops, "mkldnn", None)
     return (
         torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
@@ -89,7 +90,7 @@ def _available() -> bool:
     )
 
 
-def _timed(run: Callable[[torch.Tensor], torch.Tensor], sample: torch.Tensor) -> float:
+def timed(run: Callable[[torch.Tensor], torch.Tensor], sample: torch.Tensor) -> float:
     """The least of a few timings of ``run(sample)``, after one untimed call."""
     run(sample)
     best = float("inf")

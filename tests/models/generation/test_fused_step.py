@@ -15,6 +15,7 @@ import transformers
 
 from batching import BatchingConfig, ModelConfig, create_app
 from batching.keys import ApiKeys
+from batching.models.generation import packed_products
 from batching.models.generation.causal import TextGenerator
 from batching.models.generation.causal_batch import DecodeBatch, cache_layers
 from batching.models.generation.fused_step import FUSED_STEP_VARIABLE, fused_step_of
@@ -27,6 +28,27 @@ from tests.support.running_batches import item
 from tests.support.threaded import serving_in_thread
 
 PROMPTS = ["the cat sat", "a dog", "who eats fish on the mat", "green", "the cat runs fast"]
+
+
+@pytest.fixture(params=["plain", "prepacked"])
+def products(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How the steps' weight products are computed (:mod:`.packed_products`): plain at every
+    size, or prepacked at every size (the timings say so, not the machine)."""
+    faster = request.param == "prepacked"
+    monkeypatch.setattr(
+        packed_products,
+        "_measure",
+        lambda product: [(1.0, 2.0) if faster else (2.0, 1.0)] * len(packed_products.ROWS),
+    )
+    return str(request.param)
+
+
+def _routes(batch: DecodeBatch, route: str) -> None:
+    fused: Any = batch.fused
+    for layer in fused.products:
+        for product in layer:
+            assert (product.packed is not None) == (route == "prepacked")
+            assert product.packed is None or product.min_rows == 1
 
 
 def _generator(root: Path, activation: str = "gelu_new", family: str = "gpt2") -> TextGenerator:
@@ -105,10 +127,11 @@ def _both(batch: DecodeBatch) -> tuple[torch.Tensor, torch.Tensor]:
     ],
 )
 def test_each_step_of_a_changing_batch_equals_transformers(
-    tmp_path: Path, activation: str, family: str, step: type
+    tmp_path: Path, activation: str, family: str, step: type, products: str
 ) -> None:
     batch = _generator(tmp_path, activation, family).decode_batch()
     assert isinstance(batch.fused, step)
+    _routes(batch, products)
     joins = {0: [0, 1], 3: [2], 5: [3, 4]}
     lengths = {0: 12, 1: 4, 2: 9, 3: 14, 4: 2}
     compared = 0
@@ -116,10 +139,12 @@ def test_each_step_of_a_changing_batch_equals_transformers(
         if batch.rows:
             reference, mine = _both(batch)
             # The Llama family's sums run in another order than transformers' (grouped-query
-            # attention, rotary positions): a few units of fp32 rounding on logits up to 8,
-            # within the 1e-4 the log-probabilities are held to. GPT-2's agree to 1e-5.
+            # attention, rotary positions), and so do oneDNN's prepacked products: a few units
+            # of fp32 rounding on logits up to 8, within the 1e-4 the log-probabilities are
+            # held to. GPT-2's plain products agree to 1e-5.
+            exact = family == "gpt2" and products == "plain"
             difference = float((mine - reference).abs().max())
-            assert difference < (1e-5 if family == "gpt2" else 1e-4), (step, difference)
+            assert difference < (1e-5 if exact else 1e-4), (step, difference)
             compared += 1
             ended = {piece.key for piece in batch.step() if piece.finish}
             batch.leave(ended)
@@ -129,13 +154,16 @@ def test_each_step_of_a_changing_batch_equals_transformers(
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
-def test_a_prefill_after_cached_prefixes_equals_transformers(tmp_path: Path, family: str) -> None:
+def test_a_prefill_after_cached_prefixes_equals_transformers(
+    tmp_path: Path, family: str, products: str
+) -> None:
     """Three newcomers, left-padded, two of them after prefixes of different lengths found in
     the prefix cache: the fused prefill's logits, and every real column of the keys and
     values it leaves, are transformers' forward's on the same inputs."""
     batch = _generator(tmp_path, family=family).decode_batch()
     fused = batch.fused
     assert fused is not None
+    _routes(batch, products)
     batch.prefixes = prefix_cache(1, block=4)
     tokenize = batch.tokenizer
     long = tokenize(" ".join(PROMPTS))["input_ids"]
@@ -155,7 +183,7 @@ def test_a_prefill_after_cached_prefixes_equals_transformers(tmp_path: Path, fam
             use_cache=True,
             logits_to_keep=1,
         ).logits[:, -1]
-    tolerance = 1e-5 if family == "gpt2" else 1e-4
+    tolerance = 1e-5 if family == "gpt2" and products == "plain" else 1e-4
     assert float((mine - theirs).abs().max()) < tolerance
     real = reference.mask.bool()
     for ours, their in zip(
@@ -192,7 +220,8 @@ def test_only_what_it_computes_exactly_is_fused(
     assert fused_step_of(llama.to(torch.bfloat16)) is None  # fp32 on the CPU only
     monkeypatch.setenv(FUSED_STEP_VARIABLE, "0")
     assert fused_step_of(model) is None
-    assert generator.decode_batch().fused is None
+    assert generator.decode_batch().fused is not None  # decided when it loaded
+    assert _generator(tmp_path / "plain").decode_batch().fused is None
 
 
 def test_the_output_layer_is_the_models_own_module(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from batching.models.engines.engine_options import ADAPTIVE_THREADS_VARIABLE
+from batching.models.generation import packed_products
 from batching.models.generation.causal import TextGenerator
 from batching.models.generation.completion_rule import CompletionRule, with_rule
 from batching.models.generation.constraints import Constraint
@@ -38,16 +39,27 @@ def models(
     # about 1e-4, the tolerance compared here.
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(ADAPTIVE_THREADS_VARIABLE, "0")
-        yield _built(tmp_path_factory.mktemp("logprobs"))
+        yield _built(tmp_path_factory.mktemp("logprobs"), patch)
 
 
-def _built(root: Path) -> dict[str, tuple[GenerationModel, Any]]:
+def _built(root: Path, patch: pytest.MonkeyPatch) -> dict[str, tuple[GenerationModel, Any]]:
+    """The models, the GPT-2 twice: its step's products plain, and prepacked for oneDNN at
+    every size (:mod:`batching.models.generation.packed_products`; the timings say so)."""
     built: dict[str, tuple[GenerationModel, Any]] = {}
     for name, folder, task in (
         ("gpt2", gpt2_folder(root), "text-generation"),
+        ("gpt2-prepacked", gpt2_folder(root / "prepacked"), "text-generation"),
         ("t5", t5_folder(root), "text2text-generation"),
         ("bart", bart_folder(root), "text2text-generation"),
     ):
+        faster = name == "gpt2-prepacked"
+        patch.setattr(
+            packed_products,
+            "_measure",
+            lambda product, faster=faster: (
+                [(1.0, 2.0) if faster else (2.0, 1.0)] * len(packed_products.ROWS)
+            ),
+        )
         model = ModelSource.parse(str(folder), task).build()
         assert isinstance(model, GenerationModel)
         model.load("cpu")
@@ -79,11 +91,14 @@ def reference_scores(model: GenerationModel, reference: Any, ids: list[int], tok
         )
 
 
-@pytest.mark.parametrize("name", ["gpt2", "t5", "bart"])
+@pytest.mark.parametrize("name", ["gpt2", "gpt2-prepacked", "t5", "bart"])
 def test_greedy_tokens_and_their_logprobs_equal_generate_with_output_scores(
     models: dict[str, tuple[GenerationModel, Any]], name: str
 ) -> None:
     model, reference = models[name]
+    if name == "gpt2-prepacked":
+        fused: Any = model.decode_batch().fused
+        assert all(p.packed is not None for layer in fused.products for p in layer)
     for prompt in PROMPTS:
         entry = TaskItem(prompt, (("logprobs", TOP), ("max_new_tokens", 8)))
         ids = model._prepare(0, entry).ids

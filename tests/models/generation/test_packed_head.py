@@ -24,7 +24,7 @@ def gpt2(vocab: int, width: int) -> Any:
 
 @pytest.fixture
 def timings(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
-    """The timings ``_timed`` returns, in its calls' order (prepacked 1 and 16 rows, then
+    """The timings ``timed`` returns, in its calls' order (prepacked 1 and 16 rows, then
     plain): the decision is the test's, not the machine's."""
     queue: list[float] = []
 
@@ -32,7 +32,7 @@ def timings(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
         run(sample)  # both ways still run
         return queue.pop(0)
 
-    monkeypatch.setattr(packed_head, "_timed", timed)
+    monkeypatch.setattr(packed_head, "timed", timed)
     yield queue
 
 

@@ -1,0 +1,167 @@
+"""A fused step's weight products (:mod:`.fused_step`) on the CPU, served from
+oneDNN-prepacked copies of their weights where that measures faster on the machine the model
+loads on, as the output layer is (:mod:`.packed_head`).
+
+A decode step's products are small: a few rows times each layer's matrices. torch's plain
+``addmm``/``linear`` lays each matrix out for its kernel again at every call; oneDNN reads a
+copy laid out once (torch's own compiler prepacks the same way when it freezes weights).
+From a few rows on that is faster: ``benchmarks/decode_profile.py`` gives the step's times
+with and without. At one row the plain product can be the faster one, so each size goes the
+way that measured faster.
+
+What is done: when the fused step is built (once per loaded model), for each shape of weight
+its first layer's product is timed both ways at each of :data:`ROWS` rows, the two in turn.
+Products of that shape are served from their prepacked copies from the fewest rows at which
+they were faster by :data:`MARGIN` at that size and every larger one measured, up to any
+number of rows (a prefill's tokens too); below that, and when they never were, the plain
+product serves (and no copy is kept). No copies are made when
+they would hold more than :data:`MAX_PACKED_BYTES`, or when this torch lacks the operators.
+Results agree with the plain product to float32 rounding (the sums are taken in another
+order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .packed_head import prepacking_available, timed
+
+__all__ = ["MARGIN", "MAX_PACKED_BYTES", "PACKED_FOR", "ROWS", "Product", "pack_products"]
+
+#: The row counts both ways are timed at (64: a prefill's tokens).
+ROWS = (1, 2, 4, 8, 16, 64)
+#: The rows the copies are laid out for (a decode step's usual count).
+PACKED_FOR = 16
+#: How much faster the prepacked product must be at a size to serve it.
+MARGIN = 0.1
+#: The most memory the prepacked copies may take (one more copy of every product's weights).
+MAX_PACKED_BYTES = 1 << 30
+
+
+class Product:
+    """One weight product ``x @ weight^T + bias`` of a fused step, ``x`` of ``[rows, in]``:
+    plain below :attr:`min_rows` rows (or always, without a prepacked copy), prepacked from
+    there. ``input_major``: the weight is stored ``[in, out]`` (GPT-2's ``Conv1D``), not
+    ``[out, in]`` (``nn.Linear``)."""
+
+    __slots__ = ("bias", "input_major", "min_rows", "packed", "weight")
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, *, input_major: bool) -> None:
+        self.weight = weight
+        self.bias = bias
+        self.input_major = input_major
+        self.packed: Tensor | None = None
+        self.min_rows = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.packed is not None and int(x.shape[0]) >= self.min_rows:
+            return self.prepacked(x)
+        return self.plain(x)
+
+    def plain(self, x: Tensor) -> Tensor:
+        if not self.input_major:
+            return F.linear(x, self.weight, self.bias)
+        if self.bias is None:
+            return torch.mm(x, self.weight)
+        return torch.addmm(self.bias, x, self.weight)
+
+    def prepacked(self, x: Tensor) -> Tensor:
+        out: Tensor = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return out
+
+    def pack(self, rows: int) -> None:
+        """Make the prepacked copy (laid out for ``rows`` rows)."""
+        weight = self.weight.detach()
+        out_in = weight.t().contiguous() if self.input_major else weight
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(out_in, rows)
+
+
+def pack_products(layers: Sequence[Sequence[Product]]) -> str | None:
+    """Serve every layer's products prepacked from the fewest rows at which that measured
+    faster, decided per weight shape (on the first layer's product of that shape); what was
+    measured and decided (None: not a candidate: no products, not float32 on the CPU, or no
+    prepacking in this torch)."""
+    products = [product for layer in layers for product in layer]
+    if not products or not prepacking_available():
+        return None
+    if any(p.weight.device.type != "cpu" or p.weight.dtype != torch.float32 for p in products):
+        return None
+    total = sum(product.nbytes for product in products)
+    if total > MAX_PACKED_BYTES:
+        return (
+            f"layer products left plain (prepacked copies would take {total >> 20} MiB, "
+            f"over {MAX_PACKED_BYTES >> 20} MiB)"
+        )
+    shapes: dict[tuple[int, int], list[Product]] = {}
+    for product in products:
+        shapes.setdefault(_shape(product), []).append(product)
+    decisions, added = [], 0
+    for shape, alike in shapes.items():
+        sample = alike[0]
+        try:
+            sample.pack(PACKED_FOR)
+            times = _measure(sample)
+        except RuntimeError:  # this torch's oneDNN cannot: everything plain
+            for product in products:
+                product.packed = None
+            return None
+        start = _first_faster(times)
+        measured = ", ".join(
+            f"{rows}: {packed * 1e6:.0f}/{plain * 1e6:.0f}"
+            for rows, (packed, plain) in zip(ROWS, times, strict=True)
+        )
+        name = "x".join(str(size) for size in shape)
+        if start is None:
+            sample.packed = None
+            decisions.append(f"{name} plain ({measured})")
+            continue
+        for product in alike:
+            if product.packed is None:
+                product.pack(PACKED_FOR)
+            product.min_rows = start
+            added += product.nbytes
+        decisions.append(f"{name} prepacked from {start} rows ({measured})")
+    return (
+        f"layer products (in x out; microseconds prepacked/plain at each row count) for "
+        f"oneDNN, {added >> 20} MiB of prepacked copies: " + "; ".join(decisions)
+    )
+
+
+def _shape(product: Product) -> tuple[int, int]:
+    """The product's ``(in, out)``."""
+    rows, columns = (int(size) for size in product.weight.shape)
+    return (rows, columns) if product.input_major else (columns, rows)
+
+
+def _measure(product: Product) -> list[tuple[float, float]]:
+    """Per :data:`ROWS` count: (prepacked, plain) seconds, the two in turn."""
+    width = int(product.weight.shape[0 if product.input_major else 1])
+    results = []
+    with torch.inference_mode():
+        for rows in ROWS:
+            sample = torch.randn(rows, width)
+            packed = plain = float("inf")
+            for _ in range(3):
+                packed = min(packed, timed(product.prepacked, sample))
+                plain = min(plain, timed(product.plain, sample))
+            results.append((packed, plain))
+    return results
+
+
+def _first_faster(times: Sequence[tuple[float, float]]) -> int | None:
+    """The fewest of :data:`ROWS` from which the prepacked product was faster by
+    :data:`MARGIN` at every size measured, or None."""
+    start = None
+    for rows, (packed, plain) in reversed(list(zip(ROWS, times, strict=True))):
+        if packed > plain * (1 - MARGIN):
+            break
+        start = rows
+    return start
