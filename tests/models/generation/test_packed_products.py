@@ -61,9 +61,31 @@ def test_each_size_goes_the_way_that_measured_faster(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(Product, "plain", spy("plain", plain))
     monkeypatch.setattr(Product, "prepacked", spy("prepacked", prepacked))
     product = layers[1][0]
-    for rows in (1, 3, 4, 40):
+    for rows in (1, 3, 4, 40, packed_products.MAX_ROWS, packed_products.MAX_ROWS + 1):
         product(torch.randn(rows, 32))
-    assert calls == ["plain", "plain", "prepacked", "prepacked"]
+    # Past MAX_ROWS (a long prompt's prefill): plain again.
+    assert calls == ["plain", "plain", "prepacked", "prepacked", "prepacked", "plain"]
+
+
+def test_onednn_meets_few_row_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """oneDNN keeps a kernel per row count it meets: the rows reach it padded to multiples of
+    ROW_STEP, and the answer has the caller's rows."""
+    product = _layers(1)[0][0]
+    product.pack(16)
+    real = torch.ops.mkldnn._linear_pointwise
+    seen: list[int] = []
+
+    def spy(x: torch.Tensor, *args: Any) -> torch.Tensor:
+        seen.append(int(x.shape[0]))
+        return real(x, *args)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
+    for rows in range(1, packed_products.MAX_ROWS + 1):
+        x = torch.randn(rows, 32)
+        torch.testing.assert_close(product.prepacked(x), product.plain(x), rtol=1e-5, atol=1e-5)
+    assert len(seen) == packed_products.MAX_ROWS
+    assert all(count % packed_products.ROW_STEP == 0 for count in seen)
+    assert len(set(seen)) == packed_products.MAX_ROWS // packed_products.ROW_STEP
 
 
 def test_a_size_that_measured_slower_keeps_every_smaller_one_plain(
