@@ -28,7 +28,17 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-__all__ = ["MARGIN", "MIN_PARAMETERS", "ROWS", "pack_output_layer", "prepacking_available", "timed"]
+__all__ = [
+    "MARGIN",
+    "MAX_ROWS",
+    "MIN_PARAMETERS",
+    "ROWS",
+    "ROW_STEP",
+    "pack_output_layer",
+    "prepacked_linear",
+    "prepacking_available",
+    "timed",
+]
 
 #: Output layers with fewer weights are left as they are.
 MIN_PARAMETERS = 2_000_000
@@ -37,6 +47,27 @@ MIN_PARAMETERS = 2_000_000
 ROWS = 16
 #: How much faster the prepacked layer must be (both sizes' times summed).
 MARGIN = 0.1
+#: A prepacked product's rows are padded up to a multiple of this: oneDNN keeps a compiled
+#: kernel for every row count it meets (about half a megabyte each, for as long as the
+#: process lives), so the counts are kept few.
+ROW_STEP = 8
+#: Products of more rows (every position of a prompt, for its log-probabilities) take the
+#: plain product: no kernel per prompt length.
+MAX_ROWS = 64
+
+
+def prepacked_linear(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``x`` (``[rows, in]``, at most :data:`MAX_ROWS` rows) times the prepacked weight
+    ``packed``, plus ``bias``; the rows padded up to a multiple of :data:`ROW_STEP` on their
+    way to oneDNN."""
+    rows = int(x.shape[0])
+    padding = -rows % ROW_STEP
+    if padding:
+        x = functional.pad(x, (0, 0, 0, padding))
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return out[:rows] if padding else out
 
 
 def pack_output_layer(model: Any) -> str | None:
@@ -57,7 +88,9 @@ def pack_output_layer(model: Any) -> str | None:
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         flat = hidden.reshape(-1, hidden.shape[-1])
-        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
+        if int(flat.shape[0]) > MAX_ROWS:
+            return plain(hidden)
+        out = prepacked_linear(flat, packed, bias)
         return out.reshape(*hidden.shape[:-1], out.shape[-1])
 
     def plain(hidden: torch.Tensor) -> torch.Tensor:

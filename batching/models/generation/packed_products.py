@@ -13,10 +13,11 @@ What is done: when the fused step is built (once per loaded model), for each sha
 its first layer's product is timed both ways at each of :data:`ROWS` rows, the two in turn.
 Products of that shape are served from their prepacked copies from the fewest rows at which
 they were faster by :data:`MARGIN` at that size and every larger one measured, up to
-:data:`MAX_ROWS` rows (a short prompt's prefill too); below that, above it, and when they
-never were faster, the plain product serves (and no copy is kept when never). oneDNN keeps a
-compiled kernel for every row count it is given, so the rows are padded up to a multiple of
-:data:`ROW_STEP`: a few kernels per shape, not one per prompt length. No copies are made when
+:data:`.packed_head.MAX_ROWS` rows (a short prompt's prefill too); below that, above it,
+and when they never were faster, the plain product serves (and no copy is kept when never).
+oneDNN keeps a compiled kernel for every row count it is given, so the rows are padded up to
+a multiple of :data:`.packed_head.ROW_STEP`, as the output layer's are: a few kernels per
+shape, not one per prompt length. No copies are made when
 they would hold more than :data:`MAX_PACKED_BYTES`, or when this torch lacks the operators.
 Results agree with the plain product to float32 rounding (the sums are taken in another
 order).
@@ -30,26 +31,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .packed_head import prepacking_available, timed
+from .packed_head import MAX_ROWS, prepacked_linear, prepacking_available, timed
 
-__all__ = [
-    "MARGIN",
-    "MAX_PACKED_BYTES",
-    "MAX_ROWS",
-    "PACKED_FOR",
-    "ROWS",
-    "ROW_STEP",
-    "Product",
-    "pack_products",
-]
+__all__ = ["MARGIN", "MAX_PACKED_BYTES", "PACKED_FOR", "ROWS", "Product", "pack_products"]
 
 #: The row counts both ways are timed at (64: a prefill's tokens).
 ROWS = (1, 2, 4, 8, 16, 64)
-#: Products of more rows (a long prompt's prefill) are plain ones.
-MAX_ROWS = 64
-#: The prepacked products' rows are padded up to a multiple of this: oneDNN keeps a kernel
-#: for every row count it meets (about half a megabyte each), so the counts are kept few.
-ROW_STEP = 8
 #: The rows the copies are laid out for (a decode step's usual count).
 PACKED_FOR = 16
 #: How much faster the prepacked product must be at a size to serve it.
@@ -60,9 +47,9 @@ MAX_PACKED_BYTES = 1 << 30
 
 class Product:
     """One weight product ``x @ weight^T + bias`` of a fused step, ``x`` of ``[rows, in]``:
-    prepacked from :attr:`min_rows` to :data:`MAX_ROWS` rows, plain at other sizes (or always,
-    without a prepacked copy). ``input_major``: the weight is stored ``[in, out]`` (GPT-2's
-    ``Conv1D``), not ``[out, in]`` (``nn.Linear``)."""
+    prepacked from :attr:`min_rows` to :data:`.packed_head.MAX_ROWS` rows, plain at other
+    sizes (or always, without a prepacked copy). ``input_major``: the weight is stored ``[in,
+    out]`` (GPT-2's ``Conv1D``), not ``[out, in]`` (``nn.Linear``)."""
 
     __slots__ = ("bias", "input_major", "min_rows", "packed", "weight")
 
@@ -90,14 +77,10 @@ class Product:
         return torch.addmm(self.bias, x, self.weight)
 
     def prepacked(self, x: Tensor) -> Tensor:
-        """From the prepacked copy, ``x``'s rows padded up to a multiple of
-        :data:`ROW_STEP`."""
-        rows = int(x.shape[0])
-        padding = -rows % ROW_STEP
-        if padding:
-            x = F.pad(x, (0, 0, 0, padding))
-        out: Tensor = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        return out[:rows] if padding else out
+        """From the prepacked copy (:func:`.packed_head.prepacked_linear`: rows padded to a
+        multiple of :data:`.packed_head.ROW_STEP`)."""
+        assert self.packed is not None
+        return prepacked_linear(x, self.packed, self.bias)
 
     def pack(self, rows: int) -> None:
         """Make the prepacked copy (laid out for ``rows`` rows)."""

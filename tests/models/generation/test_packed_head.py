@@ -74,10 +74,19 @@ def test_a_small_output_layer_is_not_a_candidate(timings: list[float]) -> None:
 
 
 def test_a_text_generator_logs_its_output_layers_decision(
-    tmp_path: Any, caplog: pytest.LogCaptureFixture, timings: list[float]
+    tmp_path: Any,
+    caplog: pytest.LogCaptureFixture,
+    timings: list[float],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from batching.models.generation import packed_products
     from batching.models.generation.causal import TextGenerator
     from tests.support.generators import gpt2_folder
+
+    # The layers' products are timed apart (their own test): not from this test's queue.
+    monkeypatch.setattr(
+        packed_products, "_measure", lambda product: [(2.0, 1.0)] * len(packed_products.ROWS)
+    )
 
     folder = gpt2_folder(tmp_path)
 
@@ -87,3 +96,28 @@ def test_a_text_generator_logs_its_output_layers_decision(
     # The suite's tiny GPT-2 has a small output layer: left as it is, nothing logged of it.
     assert "output layer" not in caplog.text
     assert "forward" not in vars(model._model.get_output_embeddings())
+
+
+def test_many_rows_take_the_plain_product_and_few_are_padded(
+    timings: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """oneDNN keeps a kernel per row count it meets: a prompt's every position (its
+    log-probabilities) goes plain, a step's rows reach it padded to multiples of ROW_STEP."""
+    model = gpt2(vocab=8192, width=256)
+    timings.extend([0.001, 0.002, 0.004, 0.008])
+    assert "served prepacked" in (packed_head.pack_output_layer(model) or "")
+    head = model.get_output_embeddings()
+    seen: list[int] = []
+    real = torch.ops.mkldnn._linear_pointwise
+
+    def spy(x: torch.Tensor, *args: Any) -> torch.Tensor:
+        seen.append(int(x.shape[0]))
+        return real(x, *args)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
+    with torch.inference_mode():
+        for shape in ((3, 1, 256), (16, 1, 256), (2, 40, 256)):
+            hidden = torch.randn(*shape)
+            expected = torch.nn.functional.linear(hidden, head.weight)
+            torch.testing.assert_close(head(hidden), expected, rtol=1e-4, atol=1e-4)
+    assert seen == [packed_head.ROW_STEP, 16]  # 3 rows padded to 8; 80 rows plain
