@@ -20,7 +20,10 @@ prefill that echoes its prompt's log-probabilities (it needs every position's hi
 keeps transformers' forward.
 
 :func:`fused_step_of` builds one for a model it can compute exactly as transformers does, on
-the CPU in fp32, and None for any other: those keep transformers' forward.
+the CPU in fp32, and None for any other: those keep transformers' forward. A loaded model
+builds one (:class:`~.causal.TextGenerator`), which every running batch of it shares; its
+weight products are then served from oneDNN-prepacked copies at the row counts where that
+measured faster (:meth:`FusedStep.pack`, :mod:`.packed_products`).
 """
 
 from __future__ import annotations
