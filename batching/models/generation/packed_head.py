@@ -48,8 +48,8 @@ ROWS = 16
 #: How much faster the prepacked layer must be (both sizes' times summed).
 MARGIN = 0.1
 #: A prepacked product's rows are padded up to a multiple of this: oneDNN keeps a compiled
-#: kernel for every row count it meets (about half a megabyte each, for as long as the
-#: process lives), so the counts are kept few.
+#: kernel for every row count it meets, for as long as the process lives, so the counts are
+#: kept few.
 ROW_STEP = 8
 #: Products of more rows (every position of a prompt, for its log-probabilities) take the
 #: plain product: no kernel per prompt length.
