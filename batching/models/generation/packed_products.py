@@ -2,25 +2,24 @@
 oneDNN-prepacked copies of their weights where that measures faster on the machine the model
 loads on, as the output layer is (:mod:`.packed_head`).
 
-A decode step's products are small: a few rows times each layer's matrices. torch's plain
-``addmm``/``linear`` lays each matrix out for its kernel again at every call; oneDNN reads a
-copy laid out once (torch's own compiler prepacks the same way when it freezes weights).
-From a few rows on that is faster: ``benchmarks/decode_profile.py`` gives the step's times
-with and without. At one row the plain product can be the faster one, so each size goes the
-way that measured faster.
+A decode step's products are small: a few rows times each layer's matrices, so each reads its
+whole matrix for little arithmetic. torch's plain ``addmm``/``linear`` hands the matrix to the
+BLAS as it is stored, at every call; oneDNN reads a copy laid out once for its kernels (torch's
+own compiler prepacks the same way when it freezes weights). From a few rows on that is
+faster: ``benchmarks/decode_profile.py --paths fused,plain`` steps both. At one row the plain
+product can be the faster one, so each size goes the way that measured faster.
 
 What is done: when the fused step is built (once per loaded model), for each shape of weight
 its first layer's product is timed both ways at each of :data:`ROWS` rows, the two in turn.
 Products of that shape are served from their prepacked copies from the fewest rows at which
 they were faster by :data:`MARGIN` at that size and every larger one measured, up to
-:data:`.packed_head.MAX_ROWS` rows (a short prompt's prefill too); below that, above it,
-and when they never were faster, the plain product serves (and no copy is kept when never).
-oneDNN keeps a compiled kernel for every row count it is given, so the rows are padded up to
-a multiple of :data:`.packed_head.ROW_STEP`, as the output layer's are: a few kernels per
-shape, not one per prompt length. No copies are made when
-they would hold more than :data:`MAX_PACKED_BYTES`, or when this torch lacks the operators.
-Results agree with the plain product to float32 rounding (the sums are taken in another
-order).
+:data:`.packed_head.MAX_ROWS` rows (a short prompt's prefill too); below that, above it, and
+when they never were faster, the plain product serves (and no copy is kept when never).
+oneDNN keeps a compiled kernel for every row count it is given, so the rows are padded up to a
+multiple of :data:`.packed_head.ROW_STEP`, as the output layer's are: a few kernels per shape,
+not one per prompt length. No copies are made when they would hold more than
+:data:`MAX_PACKED_BYTES`, or when this torch lacks the operators. Results agree with the plain
+product to float32 rounding (the sums are taken in another order).
 """
 
 from __future__ import annotations
