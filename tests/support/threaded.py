@@ -15,10 +15,20 @@ from starlette.types import ASGIApp
 from .servers import free_port
 
 
+def _failed_loads(client: httpx.Client) -> list[object]:
+    """The repository index's entries whose load failed (none when the index is refused,
+    e.g. for want of a key): such a server never becomes ready, so waiting is pointless."""
+    answer = client.post("/v2/repository/index", json={})
+    if answer.status_code != 200:
+        return []
+    return [entry for entry in answer.json() if entry.get("state") == "UNAVAILABLE"]
+
+
 @contextlib.contextmanager
 def serving_in_thread(app: ASGIApp, *, timeout: float = 60.0) -> Iterator[str]:
     """Serve ``app`` on a free port of 127.0.0.1; yields its base URL once every model is
-    ready, and stops (draining) the server on exit."""
+    ready (fails at once when a model's load failed), and stops (draining) the server on
+    exit."""
     config = uvicorn.Config(
         app, host="127.0.0.1", port=free_port(), lifespan="on", log_level="warning"
     )
@@ -36,6 +46,9 @@ def serving_in_thread(app: ASGIApp, *, timeout: float = 60.0) -> Iterator[str]:
             time.sleep(0.01)
         with httpx.Client(base_url=url) as client:
             while client.get("/v2/health/ready").status_code != 200:
+                failed = _failed_loads(client)
+                if failed:
+                    raise AssertionError(f"a model failed to load: {failed}")
                 if time.monotonic() > deadline:
                     raise AssertionError("the server never became ready")
                 time.sleep(0.02)
