@@ -246,10 +246,11 @@ def test_the_output_layer_is_the_models_own_module(tmp_path: Path) -> None:
 
 
 def test_served_beside_each_other_with_a_key_both_families_stream_transformers_tokens(
-    tmp_path: Path,
+    tmp_path: Path, products: str
 ) -> None:
     """A GPT-2 and a Llama served by one server with a key, one pooled ``openai`` client
-    streaming from both in turn and at once: every answer is transformers' greedy one."""
+    streaming from both in turn and at once: every answer is transformers' greedy one, with
+    the steps' products plain and prepacked."""
 
     folders = {"gpt2": gpt2_folder(tmp_path / "g", positions=64, model_max_length=None)}
     folders["llama"] = gpt2_folder(tmp_path / "l", positions=64, model_max_length=None)
