@@ -56,6 +56,7 @@ import httpx  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.served_cost import cost, snapshot  # noqa: E402
 from load_test.serverproc import ServerProcess  # noqa: E402
 
 WORDS = (
@@ -425,16 +426,23 @@ def main() -> None:
             # first connection): not a lone request's time to first token.
             asyncio.run(streams(server.url, reqs[:2], 2))
             rates, plain_rates, baseline_rates, ttfts, lone_ttfts = [], [], [], [], []
+            costs: dict[str, list[dict[str, Any]]] = {"streams": [], "plain_door": []}
             baseline_streams: list[float] = []
             baseline_ttfts: list[float] = []
             for _ in range(args.repeats):  # the alternatives interleaved
                 lone = [asyncio.run(streams(server.url, [reqs[i]], 1))[1][0] for i in range(3)]
                 lone_ttfts.append(statistics.median(r.ttft for r in lone))
+                before = snapshot(server.url, server.pid, MODEL)
                 elapsed, results = asyncio.run(streams(server.url, reqs, args.concurrency))
                 tokens = sum(r.tokens for r in results)
+                after = snapshot(server.url, server.pid, MODEL)
+                costs["streams"].append(cost(before, after, tokens, elapsed))
                 rates.append(tokens / elapsed)
                 ttfts.append(statistics.median(r.ttft for r in results))
                 plain_s = asyncio.run(plain_door(server.url, reqs, args.concurrency))
+                costs["plain_door"].append(
+                    cost(after, snapshot(server.url, server.pid, MODEL), tokens, plain_s)
+                )
                 plain_rates.append(tokens / plain_s)
                 if baseline is not None:
                     baseline_s = asyncio.run(plain_door(baseline.url, reqs, args.concurrency))
@@ -490,7 +498,10 @@ def main() -> None:
         },
         "short_during_long": race,
         "transformers_serve": serve,
+        # Per door, each figure's median over the repeats (each repeat's in each_repeat).
+        "cost": {door: _medians(each) for door, each in costs.items()},
     }
+    figures["each_repeat"]["cost"] = costs
     offline_rate = offline.get("tokens_per_s")
     rows = [
         ("streams, output tokens/s", f"{figures['streams_tokens_per_s']:.0f}"),
@@ -515,6 +526,24 @@ def main() -> None:
             f"{race['long_s']:.2f} / {race['short_s']:.2f} s",
         ),
     ]
+    for door, label in (("streams", "streams"), ("plain_door", "plain door")):
+        spent = figures["cost"][door]
+        rows.append(
+            (
+                f"{label}: server / event loop / client CPU per token",
+                f"{spent['server_cpu_us_per_token']:.0f} / "
+                f"{spent['event_loop_cpu_us_per_token']:.0f} / "
+                f"{spent['client_cpu_us_per_token']:.0f} us",
+            )
+        )
+        if spent["decode_step_ms"] is not None:
+            rows.append(
+                (
+                    f"{label}: decode step (sequences), share of wall",
+                    f"{spent['decode_step_ms']:.2f} ms ({spent['sequences_per_step']:.1f}), "
+                    f"{spent['steps_share_of_wall']:.2f}",
+                )
+            )
     if baseline_rates:
         rows.insert(
             2,
@@ -535,6 +564,15 @@ def main() -> None:
         print(f"{name:<55} {value}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(figures, indent=2))
+
+
+def _medians(each: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each key's median over ``each`` (None where a run had none)."""
+    medians: dict[str, Any] = {}
+    for key in each[0] if each else []:
+        values = [e[key] for e in each if e[key] is not None]
+        medians[key] = statistics.median(values) if values else None
+    return medians
 
 
 def against_vllm(args: argparse.Namespace, reqs: list[Req]) -> None:

@@ -62,6 +62,11 @@ class BatchEvents(Protocol):
 
     def rejected(self, reason: str) -> None: ...
 
+    def step_done(self, rows: int, seconds: float) -> None:
+        """A generating model's running batch stepped: ``rows`` sequences got a token each
+        from one forward of ``seconds`` (each one's time per output token in that step)."""
+        ...
+
     def dropped(self, reason: str, items: int) -> None: ...
 
     def batch_ran(self, batch: BatchRun) -> None:
@@ -85,6 +90,9 @@ class NoEvents:
         return None
 
     def rejected(self, reason: str) -> None:
+        return None
+
+    def step_done(self, rows: int, seconds: float) -> None:
         return None
 
     def dropped(self, reason: str, items: int) -> None:

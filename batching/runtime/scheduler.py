@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -80,6 +81,9 @@ class Stream:
     _pieces: deque[Piece] = field(default_factory=deque)
     _error: BaseException | None = None
     _arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Fails the stream at its deadline: one timer for the whole stream, set by the first
+    #: :meth:`next` that waits, not one per piece (a piece's wait is a token's time).
+    _timer: asyncio.TimerHandle | None = None
 
     def cancel(self) -> None:
         """The client went away (or its door stopped reading): the row leaves at the next
@@ -87,6 +91,7 @@ class Stream:
         if not self.status.finished:
             self.status = Status.FINISHED_CANCELLED
             self._arrived.set()
+            self._ended()
 
     async def next(self) -> Piece | None:
         """The next piece (None: the stream ended), waiting no later than the deadline.
@@ -94,18 +99,22 @@ class Stream:
         :raises DeadlineExceeded: the deadline passed first.
         :raises BatchingError: the stream failed (its own error: 413, 422, 500, 503).
         """
-        try:
-            async with asyncio.timeout_at(self.deadline):
-                while not self._pieces and not self.status.finished:
-                    self._arrived.clear()
-                    await self._arrived.wait()
-        except TimeoutError:
-            self._fail(DeadlineExceeded("the deadline passed while the answer was generated"))
+        if not self._pieces and not self.status.finished:
+            if self._timer is None and math.isfinite(self.deadline):
+                loop = asyncio.get_running_loop()
+                self._timer = loop.call_at(self.deadline, self._expired)
+            while not self._pieces and not self.status.finished:
+                self._arrived.clear()
+                await self._arrived.wait()
         if self._pieces:
             return self._pieces.popleft()
         if self._error is not None:
             raise self._error
         return None
+
+    def _expired(self) -> None:
+        self._timer = None
+        self._fail(DeadlineExceeded("the deadline passed while the answer was generated"))
 
     def _put(self, piece: Piece) -> None:
         if self.status.finished:
@@ -113,12 +122,22 @@ class Stream:
         self._pieces.append(piece)
         self.status = piece.finish or Status.RUNNING
         self._arrived.set()
+        if piece.finish is not None:
+            self._ended()
 
     def _fail(self, error: BaseException) -> None:
         if self.status.finished:
             return
         self.status, self._error = Status.FINISHED_ERROR, error
         self._arrived.set()
+        self._ended()
+
+    def _ended(self) -> None:
+        """The stream finished: its deadline's timer goes (an ended stream keeps nothing on
+        the event loop)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 class StepScheduler:
@@ -129,7 +148,8 @@ class StepScheduler:
     :param budget: the tokens all accepted requests may reserve; None: ``max_rows`` times
         the model's positions, learnt from the first instance.
     :param events: told of each prefill as a batch (the streams that joined together, each
-        item once) and of each stream's end, as the batcher tells of its batches.
+        item once) and of each stream's end, as the batcher tells of its batches, and of
+        each decode step (its rows and seconds).
     """
 
     def __init__(
@@ -351,6 +371,7 @@ class StepScheduler:
     ) -> None:
         """One step of a run ended (on the event loop, in the steps' order)."""
         self._step_s = 0.8 * self._step_s + 0.2 * seconds
+        self.events.step_done(len(pieces), seconds)
         for _, each in stepping:
             each.computed += seconds
         for piece in pieces:

@@ -65,6 +65,9 @@ class BatchSpans:
     def rejected(self, reason: str) -> None:
         self.inner.rejected(reason)
 
+    def step_done(self, rows: int, seconds: float) -> None:
+        self.inner.step_done(rows, seconds)
+
     def dropped(self, reason: str, items: int) -> None:
         self.inner.dropped(reason, items)
 

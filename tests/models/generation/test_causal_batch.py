@@ -352,6 +352,37 @@ async def _the_deadline_ends_a_sequence_that_runs_past_it() -> None:
     task.cancel()
 
 
+def test_a_stream_waiting_past_its_deadline_fails_and_an_ended_one_keeps_no_timer() -> None:
+    asyncio.run(_a_stream_waiting_past_its_deadline_fails_and_an_ended_one_keeps_no_timer())
+
+
+async def _a_stream_waiting_past_its_deadline_fails_and_an_ended_one_keeps_no_timer() -> None:
+    # One row, taken by a long stream: the next one waits in the queue, where no step looks
+    # at it, and its deadline alone ends it.
+    decoder = StepScheduler("m", max_rows=1, budget=10000)
+    task = await started(decoder, Scripted())
+    loop = asyncio.get_running_loop()
+    far = loop.time() + 3600
+    long = decoder.submit((1000, None), 10, far)
+    assert (await long.next()) is not None
+    waiting = decoder.submit((3, None), 10, loop.time() + 0.01)
+    with pytest.raises(DeadlineExceeded):
+        await waiting.next()
+    assert waiting.status is Status.FINISHED_ERROR and waiting._timer is None
+    long.cancel()
+    # Streams that end (by their length, or cancelled) cancel their deadline's timer at once,
+    # also when the deadline is far away: nothing of them stays on the event loop.
+    done = decoder.submit((3, None), 10, far)
+    assert await drain(done) == "abb"
+    gone = decoder.submit((1000, None), 10, far)
+    assert (await gone.next()) is not None
+    await gone.next()  # waits: the deadline's timer is set
+    assert gone._timer is not None
+    gone.cancel()
+    assert done._timer is None and gone._timer is None
+    task.cancel()
+
+
 def test_a_fault_fails_its_own_sequence_only() -> None:
     asyncio.run(_a_fault_fails_its_own_sequence_only())
 
@@ -506,6 +537,7 @@ class Recorded(NoEvents):
     def __init__(self) -> None:
         self.batches: list[tuple[int, str]] = []
         self.requests: list[bool] = []
+        self.steps: list[int] = []
 
     def batch_done(
         self, items: int, tokens: int, reason: str, queue_wait: float, compute_s: float
@@ -514,6 +546,27 @@ class Recorded(NoEvents):
 
     def request_done(self, queue_s: float, compute_s: float, total_s: float, ok: bool) -> None:
         self.requests.append(ok)
+
+    def step_done(self, rows: int, seconds: float) -> None:
+        assert seconds >= 0
+        self.steps.append(rows)
+
+
+def test_each_decode_step_is_told_with_the_rows_that_got_a_token() -> None:
+    asyncio.run(_each_decode_step_is_told_with_the_rows_that_got_a_token())
+
+
+async def _each_decode_step_is_told_with_the_rows_that_got_a_token() -> None:
+    events = Recorded()
+    decoder = StepScheduler("m", max_rows=4, budget=1000, events=events)
+    task = await started(decoder, Scripted())
+    deadline = asyncio.get_running_loop().time() + 30
+    short, long = decoder.submit((3, None), 10, deadline), decoder.submit((5, None), 10, deadline)
+    assert [await drain(short), await drain(long)] == ["abb", "abbbb"]
+    # Their first tokens came from the prefill (no step); then two steps of both, and the
+    # long one's last two alone.
+    assert events.steps == [2, 2, 1, 1]
+    task.cancel()
 
 
 def test_each_prefill_is_told_as_a_batch_and_each_stream_once_as_it_ends() -> None:

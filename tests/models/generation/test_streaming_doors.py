@@ -467,7 +467,9 @@ def test_a_stream_that_stops_being_read_closes_its_generation() -> None:
     assert generation.closed
 
 
-def test_metrics_count_first_tokens_and_generated_tokens(url: str, client: openai.OpenAI) -> None:
+def test_metrics_count_first_tokens_generated_tokens_and_decode_steps(
+    url: str, client: openai.OpenAI
+) -> None:
     def scrape() -> str:
         return httpx.get(f"{url}/metrics", timeout=30).text
 
@@ -483,5 +485,14 @@ def test_metrics_count_first_tokens_and_generated_tokens(url: str, client: opena
     assert value(after, count) == value(before, count) + 1
     tokens = "batching_generated_tokens_total"
     assert value(after, tokens) == value(before, tokens) + 5
+    # The first token came from the prompt's forward; each of the other four from a decode
+    # step, which ran this sequence alone.
+    steps = "batching_decode_step_seconds_count"
+    assert value(after, steps) == value(before, steps) + 4
+    assert value(after, "batching_decode_step_seconds_sum") > value(
+        before, "batching_decode_step_seconds_sum"
+    )
+    rows = "batching_decode_step_sequences_sum"
+    assert value(after, rows) == value(before, rows) + 4
     assert value(after, "batching_generation_sequences") == 0
     assert value(after, "batching_generation_reserved_tokens") == 0
