@@ -35,7 +35,7 @@ from ..shared.text_models import DEFAULT_MAX_LENGTH, LazyCounter
 from ..shared.torch_models import WEIGHTS_LOADING, TokenCounter, resolve_device, warmup_text
 from ..tasks.generation import CHAT_TEMPLATE_KEY
 from .completion_rule import fit, rule_of
-from .packed_head import pack_output_layer
+from .packed_products import pack_output_layer
 from .pieces import Answer
 from .row_options import extras_of
 from .running import Prompt, RunningBatchBase

@@ -64,7 +64,8 @@ class GPT2Step(FusedForward):
         self.tokens = body.wte.weight
         self.places = body.wpe.weight
         self.final = (body.ln_f.weight, body.ln_f.bias)
-        # The module, not its weight: its forward may be a prepacked one (:mod:`.packed_head`).
+        # The module, not its weight: its forward may be a prepacked one
+        # (:func:`.packed_products.pack_output_layer`).
         self.head = model.get_output_embeddings()
         self.blocks = [
             _Block(

@@ -68,7 +68,8 @@ class LlamaStep(FusedForward):
         ].apply_rotary_pos_emb
         self.final = body.norm.weight
         self.final_eps = float(body.norm.variance_epsilon)
-        # The module, not its weight: its forward may be a prepacked one (:mod:`.packed_head`).
+        # The module, not its weight: its forward may be a prepacked one
+        # (:func:`.packed_products.pack_output_layer`).
         self.head = model.get_output_embeddings()
         self.layers = [
             _Layer(

@@ -1,38 +1,47 @@
-"""A fused step's weight products (:mod:`.fused_step`) on the CPU, served from
-oneDNN-prepacked copies of their weights where that measures faster on the machine the model
-loads on, as the output layer is (:mod:`.packed_head`).
+"""A generating model's weight products on the CPU, served from oneDNN-prepacked copies of
+their weights (:mod:`.prepacked`) where that measures faster on the machine the model loads
+on: the output layer of every generating model (:func:`pack_output_layer`) and the layers'
+products of a fused step (:mod:`.fused_step`, :func:`pack_products`), by one rule.
 
-A decode step's products are small: a few rows times each layer's matrices, so each reads its
-whole matrix for little arithmetic. torch's plain ``addmm``/``linear`` hands the matrix to the
-BLAS as it is stored, at every call; oneDNN reads a copy laid out once for its kernels (torch's
-own compiler prepacks the same way when it freezes weights). From a few rows on that is
-faster: ``benchmarks/decode_profile.py --paths fused,plain`` steps both. At one row the plain
+A decode step's products are small: a few rows times each matrix, so each reads its whole
+matrix for little arithmetic, which oneDNN's prepacked layout does faster from a few rows on
+(``benchmarks/decode_profile.py --paths fused,plain`` steps both ways). At one row the plain
 product can be the faster one, so each size goes the way that measured faster.
 
-What is done: when the fused step is built (once per loaded model), for each shape of weight
-its first layer's product is timed both ways at each of :data:`ROWS` rows, the two in turn.
-Products of that shape are served from their prepacked copies from the fewest rows at which
-they were faster by :data:`MARGIN` at that size and every larger one measured, up to
-:data:`.packed_head.MAX_ROWS` rows (a short prompt's prefill too); below that, above it, and
-when they never were faster, the plain product serves (and no copy is kept when never).
-oneDNN keeps a compiled kernel for every row count it is given, so the rows are padded up to a
-multiple of :data:`.packed_head.ROW_STEP`, as the output layer's are: a few kernels per shape,
-not one per prompt length. No copies are made when they would hold more than
-:data:`MAX_PACKED_BYTES`, or when this torch lacks the operators. Results agree with the plain
+The rule: for each shape of weight, one product of that shape is timed both ways at each of
+:data:`ROWS` rows, the two in turn. Products of that shape are served from their prepacked
+copies from the fewest rows at which they were faster by :data:`MARGIN` at that size and every
+larger one measured, up to :data:`.prepacked.MAX_ROWS` rows (a short prompt's prefill too);
+below that, above it, and when they never were faster, the plain product serves (and no copy
+is kept when never). oneDNN keeps a compiled kernel for every row count it is given, so the
+rows are padded up to a multiple of :data:`.prepacked.ROW_STEP`: a few kernels per shape, not
+one per prompt length. No copies are made when they would hold more than
+:data:`MAX_PACKED_BYTES`, or when this torch lacks the operators; an output layer of fewer than
+:data:`MIN_PARAMETERS` weights sits in the caches and is not timed. Results agree with the plain
 product to float32 rounding (the sums are taken in another order).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-from .packed_head import MAX_ROWS, prepacked_linear, prepacking_available, timed
+from .prepacked import MAX_ROWS, prepacked_linear, prepacking_available, timed
 
-__all__ = ["MARGIN", "MAX_PACKED_BYTES", "PACKED_FOR", "ROWS", "Product", "pack_products"]
+__all__ = [
+    "MARGIN",
+    "MAX_PACKED_BYTES",
+    "MIN_PARAMETERS",
+    "PACKED_FOR",
+    "ROWS",
+    "Product",
+    "pack_output_layer",
+    "pack_products",
+]
 
 #: The row counts both ways are timed at (64: a prefill's tokens).
 ROWS = (1, 2, 4, 8, 16, 64)
@@ -42,11 +51,13 @@ PACKED_FOR = 16
 MARGIN = 0.1
 #: The most memory the prepacked copies may take (one more copy of every product's weights).
 MAX_PACKED_BYTES = 1 << 30
+#: Output layers with fewer weights are left as they are (not timed).
+MIN_PARAMETERS = 2_000_000
 
 
 class Product:
     """One weight product ``x @ weight^T + bias`` of a fused step, ``x`` of ``[rows, in]``:
-    prepacked from :attr:`min_rows` to :data:`.packed_head.MAX_ROWS` rows, plain at other
+    prepacked from :attr:`min_rows` to :data:`.prepacked.MAX_ROWS` rows, plain at other
     sizes (or always, without a prepacked copy). ``input_major``: the weight is stored ``[in,
     out]`` (GPT-2's ``Conv1D``), not ``[out, in]`` (``nn.Linear``)."""
 
@@ -76,8 +87,8 @@ class Product:
         return torch.addmm(self.bias, x, self.weight)
 
     def prepacked(self, x: Tensor) -> Tensor:
-        """From the prepacked copy (:func:`.packed_head.prepacked_linear`: rows padded to a
-        multiple of :data:`.packed_head.ROW_STEP`)."""
+        """From the prepacked copy (:func:`.prepacked.prepacked_linear`: rows padded to a
+        multiple of :data:`.prepacked.ROW_STEP`)."""
         assert self.packed is not None
         return prepacked_linear(x, self.packed, self.bias)
 
@@ -109,22 +120,14 @@ def pack_products(layers: Sequence[Sequence[Product]]) -> str | None:
         shapes.setdefault(_shape(product), []).append(product)
     decisions, added = [], 0
     for shape, alike in shapes.items():
-        sample = alike[0]
         try:
-            sample.pack(PACKED_FOR)
-            times = _measure(sample)
+            start, measured = _decide(alike[0])
         except RuntimeError:  # this torch's oneDNN cannot: everything plain
             for product in products:
                 product.packed = None
             return None
-        start = _first_faster(times)
-        measured = ", ".join(
-            f"{rows}: {packed * 1e6:.0f}/{plain * 1e6:.0f}"
-            for rows, (packed, plain) in zip(ROWS, times, strict=True)
-        )
         name = "x".join(str(size) for size in shape)
         if start is None:
-            sample.packed = None
             decisions.append(f"{name} plain ({measured})")
             continue
         for product in alike:
@@ -137,6 +140,61 @@ def pack_products(layers: Sequence[Sequence[Product]]) -> str | None:
         f"layer products (in x out; microseconds prepacked/plain at each row count) for "
         f"oneDNN, {added >> 20} MiB of prepacked copies: " + "; ".join(decisions)
     )
+
+
+def pack_output_layer(model: Any) -> str | None:
+    """Serve ``model``'s output layer from a oneDNN-prepacked copy from the fewest rows at
+    which that measured faster, by :func:`pack_products`' rule; what was measured and decided
+    (None: not a candidate: not a float32 ``nn.Linear`` on the CPU, under
+    :data:`MIN_PARAMETERS` weights, or no prepacking in this torch). The layer keeps its
+    weight (tied embeddings and the log-probability paths read it); its forward takes the
+    product."""
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Linear) or not prepacking_available():
+        return None
+    weight = head.weight.detach()
+    bias = None if head.bias is None else head.bias.detach()
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return None
+    if weight.numel() < MIN_PARAMETERS:
+        return None
+    product = Product(weight, bias, input_major=False)
+    if product.nbytes > MAX_PACKED_BYTES:
+        return f"output layer left plain (a prepacked copy would take {product.nbytes >> 20} MiB)"
+    try:
+        start, measured = _decide(product)
+    except RuntimeError:
+        return None
+    measured = f"microseconds prepacked/plain at each row count: {measured}"
+    if start is None:
+        return f"output layer left plain ({measured})"
+
+    def forward(hidden: Tensor) -> Tensor:
+        out = product(hidden.reshape(-1, hidden.shape[-1]))
+        return out.reshape(*hidden.shape[:-1], out.shape[-1])
+
+    head.forward = forward  # type: ignore[method-assign,assignment]
+    return f"output layer served prepacked for oneDNN from {start} rows ({measured})"
+
+
+def _decide(product: Product) -> tuple[int | None, str]:
+    """Time ``product`` both ways (prepacking it first) and keep its copy only if it serves:
+    the fewest rows it serves prepacked from (None: never), and what was measured.
+
+    :raises RuntimeError: this torch's oneDNN cannot prepack it.
+    """
+    product.pack(PACKED_FOR)
+    times = _measure(product)
+    start = _first_faster(times)
+    measured = ", ".join(
+        f"{rows}: {packed * 1e6:.0f}/{plain * 1e6:.0f}"
+        for rows, (packed, plain) in zip(ROWS, times, strict=True)
+    )
+    if start is None:
+        product.packed = None
+    else:
+        product.min_rows = start
+    return start, measured
 
 
 def _shape(product: Product) -> tuple[int, int]:

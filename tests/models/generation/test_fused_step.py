@@ -225,7 +225,7 @@ def test_only_what_it_computes_exactly_is_fused(
 
 
 def test_the_output_layer_is_the_models_own_module(tmp_path: Path) -> None:
-    """A prepacked output layer (packed_head replaces the module's forward) serves the fused
+    """A prepacked output layer (pack_output_layer replaces the module's forward) serves the fused
     step's logits too."""
     generator = _generator(tmp_path)
     head: Any = generator._model.get_output_embeddings()

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 import torch
 
-from batching.models.generation import packed_head, packed_products
+from batching.models.generation import packed_products
 from batching.models.generation.causal import TextGenerator
 from batching.models.generation.packed_products import ROWS, Product, pack_products
+from batching.models.generation.prepacked import MAX_ROWS, ROW_STEP
 from tests.support.generators import gpt2_folder
 
 
@@ -61,7 +62,7 @@ def test_each_size_goes_the_way_that_measured_faster(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(Product, "plain", spy("plain", plain))
     monkeypatch.setattr(Product, "prepacked", spy("prepacked", prepacked))
     product = layers[1][0]
-    for rows in (1, 3, 4, 40, packed_head.MAX_ROWS, packed_head.MAX_ROWS + 1):
+    for rows in (1, 3, 4, 40, MAX_ROWS, MAX_ROWS + 1):
         product(torch.randn(rows, 32))
     # Past MAX_ROWS (a long prompt's prefill): plain again.
     assert calls == ["plain", "plain", "prepacked", "prepacked", "prepacked", "plain"]
@@ -80,12 +81,12 @@ def test_onednn_meets_few_row_counts(monkeypatch: pytest.MonkeyPatch) -> None:
         return real(x, *args)  # type: ignore[no-any-return]
 
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
-    for rows in range(1, packed_head.MAX_ROWS + 1):
+    for rows in range(1, MAX_ROWS + 1):
         x = torch.randn(rows, 32)
         torch.testing.assert_close(product.prepacked(x), product.plain(x), rtol=1e-5, atol=1e-5)
-    assert len(seen) == packed_head.MAX_ROWS
-    assert all(count % packed_head.ROW_STEP == 0 for count in seen)
-    assert len(set(seen)) == packed_head.MAX_ROWS // packed_head.ROW_STEP
+    assert len(seen) == MAX_ROWS
+    assert all(count % ROW_STEP == 0 for count in seen)
+    assert len(set(seen)) == MAX_ROWS // ROW_STEP
 
 
 def test_a_size_that_measured_slower_keeps_every_smaller_one_plain(
