@@ -9,20 +9,22 @@ matrix for little arithmetic, which oneDNN's prepacked layout does faster from a
 product can be the faster one, so each size goes the way that measured faster.
 
 The rule: for each shape of weight, one product of that shape is timed both ways at each of
-:data:`ROWS` rows, the two in turn. Products of that shape are served from their prepacked
-copies from the fewest rows at which they were faster by :data:`MARGIN` at that size and every
-larger one measured, up to :data:`.prepacked.MAX_ROWS` rows (a short prompt's prefill too);
-below that, above it, and when they never were faster, the plain product serves (and no copy
-is kept when never). oneDNN keeps a compiled kernel for every row count it is given, so the
-rows are padded up to a multiple of :data:`.prepacked.ROW_STEP`: a few kernels per shape, not
-one per prompt length. No copies are made when they would hold more than
-:data:`MAX_PACKED_BYTES`, or when this torch lacks the operators; an output layer of fewer than
-:data:`MIN_PARAMETERS` weights sits in the caches and is not timed. Results agree with the plain
-product to float32 rounding (the sums are taken in another order).
+:data:`ROWS` rows, the two in turn (:data:`ROUNDS` rounds, fewer where a round takes long).
+Products of that shape are served from their prepacked copies from the fewest rows at which
+they were faster by :data:`MARGIN` at that size and every larger one measured, up to
+:data:`.prepacked.MAX_ROWS` rows (a short prompt's prefill too); below that, above it, and
+when they never were faster, the plain product serves (and no copy is kept when never).
+oneDNN keeps a compiled kernel for every row count it is given, so the rows are padded up to a
+multiple of :data:`.prepacked.ROW_STEP`: a few kernels per shape, not one per prompt length.
+No copies are made when they would hold more than :data:`MAX_PACKED_BYTES`, or when this torch
+lacks the operators; an output layer of fewer than :data:`MIN_PARAMETERS` weights sits in the
+caches and is not timed. Results agree with the plain product to float32 rounding (the sums
+are taken in another order).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,6 +55,10 @@ MARGIN = 0.1
 MAX_PACKED_BYTES = 1 << 30
 #: Output layers with fewer weights are left as they are (not timed).
 MIN_PARAMETERS = 2_000_000
+#: Rounds of timings at each size, both ways in turn; fewer once a size's took
+#: :data:`ENOUGH_S` seconds.
+ROUNDS = 3
+ENOUGH_S = 0.05
 
 
 class Product:
@@ -204,16 +210,21 @@ def _shape(product: Product) -> tuple[int, int]:
 
 
 def _measure(product: Product) -> list[tuple[float, float]]:
-    """Per :data:`ROWS` count: (prepacked, plain) seconds, the two in turn."""
+    """Per :data:`ROWS` count: (prepacked, plain) seconds, the two in turn, in up to
+    :data:`ROUNDS` rounds: fewer once a size's timings have taken :data:`ENOUGH_S` (a large
+    output layer's products take milliseconds each, steady enough; the start is not held)."""
     width = int(product.weight.shape[0 if product.input_major else 1])
     results = []
     with torch.inference_mode():
         for rows in ROWS:
             sample = torch.randn(rows, width)
             packed = plain = float("inf")
-            for _ in range(3):
+            started = time.perf_counter()
+            for _ in range(ROUNDS):
                 packed = min(packed, timed(product.prepacked, sample))
                 plain = min(plain, timed(product.plain, sample))
+                if time.perf_counter() - started >= ENOUGH_S:
+                    break
             results.append((packed, plain))
     return results
 

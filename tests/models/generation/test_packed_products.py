@@ -176,3 +176,25 @@ def test_a_text_generator_logs_its_products_decision(
     fused: Any = generator.decode_batch().fused
     assert fused is not None and fused is generator.decode_batch().fused  # one per model
     assert all(p.min_rows == 8 for layer in fused.products for p in layer)
+
+
+@pytest.mark.parametrize(("enough_s", "rounds"), [(1e9, packed_products.ROUNDS), (0.0, 1)])
+def test_each_size_is_timed_both_ways_in_turn_for_up_to_rounds(
+    monkeypatch: pytest.MonkeyPatch, enough_s: float, rounds: int
+) -> None:
+    """Rounds of both ways in turn at each size; one once a size's timings took ENOUGH_S
+    (here 0: at once), so a large layer's milliseconds per product do not hold the start."""
+    calls: list[tuple[str, int]] = []
+
+    def timed(run: Any, sample: torch.Tensor) -> float:
+        calls.append((run.__name__, int(sample.shape[0])))
+        return 1.0
+
+    monkeypatch.setattr(packed_products, "timed", timed)
+    monkeypatch.setattr(packed_products, "ENOUGH_S", enough_s)
+    product = _layers(1)[0][0]
+    product.pack(packed_products.PACKED_FOR)
+    assert packed_products._measure(product) == [(1.0, 1.0)] * len(ROWS)
+    assert calls == [
+        (way, rows) for rows in ROWS for _ in range(rounds) for way in ("prepacked", "plain")
+    ]
