@@ -111,9 +111,7 @@ def pack_products(layers: Sequence[Sequence[Product]]) -> str | None:
     measured and decided (None: not a candidate: no products, not float32 on the CPU, or no
     prepacking in this torch)."""
     products = [product for layer in layers for product in layer]
-    if not products or not prepacking_available():
-        return None
-    if any(p.weight.device.type != "cpu" or p.weight.dtype != torch.float32 for p in products):
+    if not _candidates(products):
         return None
     total = sum(product.nbytes for product in products)
     if total > MAX_PACKED_BYTES:
@@ -156,15 +154,12 @@ def pack_output_layer(model: Any) -> str | None:
     weight (tied embeddings and the log-probability paths read it); its forward takes the
     product."""
     head = model.get_output_embeddings()
-    if not isinstance(head, nn.Linear) or not prepacking_available():
+    if not isinstance(head, nn.Linear) or head.weight.numel() < MIN_PARAMETERS:
         return None
-    weight = head.weight.detach()
     bias = None if head.bias is None else head.bias.detach()
-    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+    product = Product(head.weight.detach(), bias, input_major=False)
+    if not _candidates([product]):
         return None
-    if weight.numel() < MIN_PARAMETERS:
-        return None
-    product = Product(weight, bias, input_major=False)
     if product.nbytes > MAX_PACKED_BYTES:
         return f"output layer left plain (a prepacked copy would take {product.nbytes >> 20} MiB)"
     try:
@@ -181,6 +176,16 @@ def pack_output_layer(model: Any) -> str | None:
 
     head.forward = forward  # type: ignore[method-assign,assignment]
     return f"output layer served prepacked for oneDNN from {start} rows ({measured})"
+
+
+def _candidates(products: Sequence[Product]) -> bool:
+    """Whether ``products`` can be prepacked: some, all float32 on the CPU, and this torch has
+    the operators."""
+    return (
+        bool(products)
+        and prepacking_available()
+        and all(p.weight.device.type == "cpu" and p.weight.dtype == torch.float32 for p in products)
+    )
 
 
 def _decide(product: Product) -> tuple[int | None, str]:
