@@ -3,7 +3,7 @@
 A model object is built once per instance, loaded on that instance's device, and then called
 only from that instance's dedicated thread (or process), one batch at a time.
 
-Two methods are required (:class:`Model`); seven hooks are optional. :class:`ModelBase`
+Two methods are required (:class:`Model`); eight hooks are optional. :class:`ModelBase`
 declares every one of them with its default, and :func:`hooks_of` is the only place the
 server looks them up, so a model that subclasses ``ModelBase`` and a plain class that only
 has ``load`` and ``predict`` are served alike.
@@ -12,6 +12,7 @@ has ``load`` and ``predict`` are served alike.
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -30,8 +31,11 @@ __all__ = [
     "hooks_of",
     "load_model",
     "tensors_of",
+    "unload_model",
     "warmup_batches",
 ]
+
+logger = logging.getLogger("batching")
 
 
 @runtime_checkable
@@ -77,6 +81,7 @@ class ModelBase:
     - :meth:`expand` and :meth:`join`: one request item as several units of batching (a text
       and each of its candidate labels), and its answer assembled from theirs; called by the
       data plane on a worker thread, for every door, and by the warm-up.
+    - :meth:`unload`: release what :meth:`load` started, when the instance closes.
     """
 
     #: The longest text input in tokens; the "random" warm-up writes that many words, and
@@ -150,6 +155,13 @@ class ModelBase:
         units, in order. Default: absent."""
         return outputs
 
+    def unload(self) -> None:
+        """Release what :meth:`load` started that would outlive the object (background
+        threads, device memory, open handles). Called once, on the instance's thread after
+        its last batch, when the instance closes: the model is unloaded, its instance
+        restarts, its load failed, or the server stops. A process instance's child exits
+        instead. Default: absent."""
+
 
 #: The metadata key by which a model says its items are expanded (:meth:`ModelBase.expand`):
 #: the data plane then asks its hooks for every request.
@@ -170,6 +182,7 @@ class ModelHooks:
     max_seq_length: int | None
     expand: Callable[[Item], list[Item]] | None = None
     join: Callable[[Item, list[object]], object] | None = None
+    unload: Callable[[], None] | None = None
 
 
 def hooks_of(model: object) -> ModelHooks:
@@ -189,6 +202,7 @@ def hooks_of(model: object) -> ModelHooks:
         max_seq_length=length,
         expand=_own(model, "expand"),
         join=_own(model, "join"),
+        unload=_own(model, "unload"),
     )
 
 
@@ -217,6 +231,18 @@ def load_model(model: Model, device: str, instance_index: int) -> None:
         load(device, instance_index=instance_index)
     else:
         model.load(device)
+
+
+def unload_model(model: Model) -> None:
+    """Call ``model``'s :meth:`~ModelBase.unload` if it has one; a failure is logged, never
+    raised (the instance is going away either way)."""
+    unload = hooks_of(model).unload
+    if unload is None:
+        return
+    try:
+        unload()
+    except Exception as exc:
+        logger.warning("unloading %s failed: %r", type(model).__name__, exc)
 
 
 def _declares(function: Callable[..., object], name: str) -> bool:

@@ -6,13 +6,14 @@ model releases the GIL while it computes, as torch does.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TypeVar, TypeVarTuple
 
 from batching.core.jobs import InstanceLost, Outputs
 from batching.models.engines.cores import Party
 from batching.models.items import Item
-from batching.models.protocol import Model
+from batching.models.protocol import Model, unload_model
 
 from .base import InstanceBase, ModelFactory, predict_timed
 from .warmup import InstanceInfo, WarmupPlan, load_and_warm
@@ -61,14 +62,18 @@ class ThreadInstance(InstanceBase):
     def _load(self, max_batch_size: int) -> InstanceInfo:
         # In its deployment's turn to load (batching.models.loading): one model at a time.
         model = self._factory()
-        info = load_and_warm(
-            model,
-            self.device,
-            max_batch_size,
-            index=self.index,
-            warmup=self._warmup,
-            on_loaded=self.report_loaded,
-        )
+        try:
+            info = load_and_warm(
+                model,
+                self.device,
+                max_batch_size,
+                index=self.index,
+                warmup=self._warmup,
+                on_loaded=self.report_loaded,
+            )
+        except BaseException:
+            unload_model(model)  # what the load started before it failed stops with it
+            raise
         self._model = model
         return info
 
@@ -96,5 +101,16 @@ class ThreadInstance(InstanceBase):
             return function(*args)
 
     def close(self) -> None:
-        self._model = None
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        """No batch starts from now on; the model's :meth:`~batching.models.ModelBase.unload`
+        runs on the instance's thread after the call running there (a batch, or the load
+        itself when the instance closes while it loads)."""
+        model, self._model = self._model, None
+        self._executor.shutdown(
+            wait=False, cancel_futures=True, last=functools.partial(self._unload, model)
+        )
+
+    def _unload(self, model: Model | None) -> None:
+        # A load that was running when close came has set _model since.
+        model, self._model = model or self._model, None
+        if model is not None:
+            unload_model(model)

@@ -108,16 +108,31 @@ class InstanceThread(concurrent.futures.Executor):
                 self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
                 self._thread.start()
 
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+    def shutdown(
+        self,
+        wait: bool = True,
+        *,
+        cancel_futures: bool = False,
+        last: Callable[[], None] | None = None,
+    ) -> None:
         """No call is taken from now on; the ones queued run first, unless
-        ``cancel_futures``. ``wait``: until the thread is done (never from the thread)."""
+        ``cancel_futures``. ``wait``: until the thread is done (never from the thread).
+        ``last``: run on the thread after every call that runs (at once, here, if the thread
+        never started; its exceptions are the caller's to catch)."""
         with self._lock:
             if not self._shut:
                 self._shut = True
                 if cancel_futures:
                     self._cancel_queued()
+                if last is not None and self._thread is not None:
+                    self._calls.put((_never_cancelled, last))
+                    last = None
                 self._calls.put(None)
+            else:
+                last = None
             thread = self._thread
+        if last is not None:
+            last()
         if wait and thread is not None and thread is not threading.current_thread():
             thread.join()
 
@@ -139,6 +154,10 @@ class InstanceThread(concurrent.futures.Executor):
                 return
             call[1]()
             del call  # no reference outlives the call
+
+
+def _never_cancelled() -> bool:
+    return False
 
 
 def _answer(

@@ -131,3 +131,38 @@ async def test_shutdown_cancels_the_calls_still_waiting_for_their_turn() -> None
         worker.call_soon(sum, [1])
     gate.set()
     assert await running is True
+
+
+def test_shutdown_runs_its_last_call_on_the_thread_after_the_call_running() -> None:
+    worker = InstanceThread("m-0")
+    gate = threading.Event()
+    order: list[str] = []
+
+    def running() -> None:
+        gate.wait(10)
+        order.append("batch")
+
+    first = worker.submit(running)
+    queued = worker.submit(order.append, "queued")
+    done = threading.Event()
+
+    def last() -> None:
+        order.append(f"last on {threading.current_thread().name}")
+        done.set()
+
+    worker.shutdown(wait=False, cancel_futures=True, last=last)
+    assert order == []  # not before the batch ends
+    gate.set()
+    first.result(10)
+    assert done.wait(10)
+    assert queued.cancelled()
+    assert order == ["batch", "last on m-0"]
+    worker.shutdown(last=lambda: order.append("twice"))  # a second shutdown runs nothing
+    assert order == ["batch", "last on m-0"]
+
+
+def test_a_worker_that_never_started_runs_its_last_call_at_once() -> None:
+    worker = InstanceThread("m-0")
+    ran: list[str] = []
+    worker.shutdown(wait=False, last=lambda: ran.append(threading.current_thread().name))
+    assert ran == [threading.current_thread().name]

@@ -315,6 +315,95 @@ async def test_a_failing_warmup_sample_fails_the_load_with_a_clear_log_line(
     assert "cannot warm up on 'bad'" in line
 
 
+class UnloadingModel(WarmupGatedModel):
+    """A gated echo that records, with the thread it ran on, each batch and its unload."""
+
+    def __init__(self, sample: str = "sample") -> None:
+        super().__init__(sample)
+        self.gate.set()
+        self.loading = threading.Event()
+        self.load_gate = threading.Event()
+        self.load_gate.set()
+        self.unloaded = threading.Event()
+        self.seen: list[tuple[str, str]] = []
+
+    def load(self, device: str) -> None:
+        self.loading.set()
+        if not self.load_gate.wait(timeout=30):
+            raise TimeoutError("never allowed to load")
+        super().load(device)
+
+    def predict(self, inputs: list[Any]) -> Sequence[Any]:
+        outputs = super().predict(inputs)
+        self.seen.append(("batch", threading.current_thread().name))
+        return outputs
+
+    def unload(self) -> None:
+        self.seen.append(("unload", threading.current_thread().name))
+        self.unloaded.set()
+
+
+async def test_closing_an_instance_unloads_its_model_on_its_thread_after_the_last_batch() -> None:
+    model = UnloadingModel("warm")
+    instance = ThreadInstance(lambda: model, "cpu", "m-0", warmup=WarmupPlan(batch_sizes=(1,)))
+    await instance.start(4)
+    model.gate.clear()
+    model.entered.clear()
+    batch = asyncio.ensure_future(instance.run(["warm"]))  # held at the gate
+    await asyncio.to_thread(model.entered.wait, 10)
+    instance.close()
+    assert not model.unloaded.is_set()  # not under the batch still running
+    model.gate.set()
+    await batch
+    assert await asyncio.to_thread(model.unloaded.wait, 10)
+    assert model.seen[-2:] == [("batch", "m-0"), ("unload", "m-0")]
+    assert [what for what, _ in model.seen].count("unload") == 1
+    with pytest.raises(InstanceLost):
+        await instance.run(["late"])
+
+
+async def test_an_instance_closed_while_it_loads_unloads_the_model_once_it_loaded() -> None:
+    model = UnloadingModel()
+    model.load_gate.clear()
+    instance = ThreadInstance(lambda: model, "cpu", "m-0")
+    start = asyncio.ensure_future(instance.start(4))
+    await asyncio.to_thread(model.loading.wait, 10)
+    instance.close()
+    model.load_gate.set()
+    await start
+    assert await asyncio.to_thread(model.unloaded.wait, 10)
+    assert model.seen[-1] == ("unload", "m-0")
+    with pytest.raises(InstanceLost):
+        await instance.run(["late"])
+
+
+async def test_a_load_that_fails_unloads_what_it_started() -> None:
+    model = UnloadingModel("bad")  # its warm-up fails, after load() ran
+    instance = ThreadInstance(lambda: model, "cpu", "m-0")
+    with pytest.raises(RuntimeError, match="cannot warm up on 'bad'"):
+        await instance.start(4)
+    assert model.unloaded.is_set() and model.seen == [("unload", "m-0")]
+    instance.close()
+    assert [what for what, _ in model.seen].count("unload") == 1
+
+
+async def test_a_server_that_stops_unloads_every_model_it_served() -> None:
+    built: list[UnloadingModel] = []
+
+    def build(_: ModelConfig) -> UnloadingModel:
+        built.append(UnloadingModel())
+        return built[-1]
+
+    config = ModelConfig(name="pair", devices=("cpu", "cpu"))
+    async with serving(create_app(config, builder=build)) as client:
+        await _ready_instances(client, "pair", 2)
+        assert (await client.post("/", content=b"one")).status_code == 200
+        loaded = [model for model in built if model.device]
+        assert len(loaded) == 2 and not any(model.unloaded.is_set() for model in built)
+    for model in loaded:
+        assert await asyncio.to_thread(model.unloaded.wait, 10)
+
+
 # --------------------------------------------------------------------- process instances
 
 

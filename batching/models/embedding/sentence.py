@@ -306,6 +306,11 @@ class SentenceEmbedder:
     def _view(self, hidden: object, encoded: Batch) -> np.ndarray:
         return self.modules.vectors(_array(hidden), np.asarray(encoded["attention_mask"]), None)
 
+    def unload(self) -> None:
+        """Stop the engine plan's background threads (idle release, retake)."""
+        if self._model is not None:
+            self._model.close()
+
     def predict(self, inputs: Sequence[object]) -> np.ndarray | list[_Output]:
         if self._model is None:
             raise RuntimeError("SentenceEmbedder.predict called before load()")

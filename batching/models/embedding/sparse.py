@@ -168,6 +168,11 @@ class SparseEmbedder:
         kept = torch.zeros_like(pooled)
         return kept.scatter(-1, top, pooled.gather(-1, top))
 
+    def unload(self) -> None:
+        """Stop the engine plan's background threads (idle release, retake)."""
+        if self._plan is not None:
+            self._plan.close()
+
     def predict(self, inputs: Sequence[object]) -> list[SparseVector]:
         if self._plan is None:
             raise RuntimeError("SparseEmbedder.predict called before load()")

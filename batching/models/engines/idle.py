@@ -65,7 +65,8 @@ class IdleRelease:
         self.clock = clock
         self.trim = trim
         self._released_at: float | None = None  # the plan's last batch when last released
-        self.stopped = threading.Event()
+        #: The plan's: closing the plan (its model unloaded) stops the thread.
+        self.stopped = plan.closed
 
     def step(self) -> bool:
         """Release now if it is due; whether the plan is still alive."""

@@ -65,6 +65,13 @@ class EnginePlan:
         self.cache_folder: Path | None = None
         #: The padded lengths of the batches served (the next measurement times at them).
         self.lengths = TrafficLengths()
+        #: Set by :meth:`close`: the plan's background threads (idle release, retake) stop.
+        self.closed = threading.Event()
+
+    def close(self) -> None:
+        """The model is unloaded: its background threads stop at their next look (a retake
+        already measuring finishes, and is not swapped in)."""
+        self.closed.set()
 
     def replace(self, other: EnginePlan) -> None:
         """Serve with ``other``'s decision and runners from the next batch on (its thread

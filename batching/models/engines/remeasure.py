@@ -55,7 +55,9 @@ class Retaker:
         self.rule = rule or RetakeRule()
         self.clock = clock
         self.load = load
-        self.stopped = threading.Event()
+        #: The plan's: closing the plan (its model unloaded) stops the thread. The thread holds
+        #: the model through ``remeasure``, so the plan would never be collected while it runs.
+        self.stopped = plan.closed
         self._last = (clock(), *load())
         self._quiet_since: float | None = None
         self.quiet_s = quiet_s
@@ -63,7 +65,7 @@ class Retaker:
     def step(self) -> bool:
         """Retake now if it is due; whether there is anything left to do."""
         plan = self._plan()
-        if plan is None or not plan.decision.busy:
+        if plan is None or plan.closed.is_set() or not plan.decision.busy:
             return False
         now, (machine, own) = self.clock(), self.load()
         then, machine_then, own_then = self._last
@@ -85,6 +87,8 @@ class Retaker:
             except Exception as exc:
                 logger.warning("measuring the engines again failed: %s", exc)
                 fresh = None
+            if plan.closed.is_set():
+                return False  # unloaded while it measured: nothing serves with it any more
             if fresh is None:
                 self.rule.taken(still_busy=True)
                 return True

@@ -226,6 +226,11 @@ class PipelineModel:
             return {"tokenizer_kwargs": truncate}
         return {}
 
+    def unload(self) -> None:
+        """Stop the engine plan's background threads (idle release, retake)."""
+        if self._plan is not None:
+            self._plan.close()
+
     def predict(self, inputs: Sequence[object]) -> list[object] | np.ndarray:
         """One output per input. An input is a plain input, or a :class:`TaskItem` with its
         request's parameters: items whose parameters change the forward pass run as groups of

@@ -187,6 +187,11 @@ class ZeroShotModel:
         """The pipeline's ``{"sequence", "labels", "scores"}`` from the units' logits."""
         return zero_shot_answer(zero_shot_request(item), outputs)
 
+    def unload(self) -> None:
+        """Stop the engine plan's background threads (idle release, retake)."""
+        if self._plan is not None:
+            self._plan.close()
+
     def predict(self, inputs: Sequence[object]) -> np.ndarray:
         """Each pair's (contradiction, entailment) logits, one row per pair."""
         if self._plan is None:

@@ -471,6 +471,9 @@ def test_the_model_matches_on_any_batch_composition(
         reference.tokenizer(PROMPTS["query"] + TEXTS[0])["input_ids"]
     )
     assert model.token_length(TEXTS[2], 1000) > ST_MAX_SEQ == model.count_tokens(TEXTS[2])
+    assert model._plan is not None
+    model.unload()  # its plan's background threads stop
+    assert model._plan.closed.is_set()
 
 
 def test_a_process_instance_serves_the_same_vectors(

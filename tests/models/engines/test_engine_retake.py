@@ -117,12 +117,18 @@ def test_the_retaken_choice_is_served_from_the_next_batch() -> None:
     assert plan.decision is quiet and plan.describe()["busy"] is False
 
 
-def test_a_retake_that_keeps_the_choice_keeps_the_runners() -> None:
+def busy_plan(busy_cores: float) -> tuple[Decision, Runner, EnginePlan]:
+    """A plan whose decision was measured while others used ``busy_cores``, idle since 0."""
     busy = decide(measured(openvino=50, torch=30), 32)
-    busy = Decision(busy.routes, busy.reason, busy.measurements, busy_cores=1.0)
+    busy = Decision(busy.routes, busy.reason, busy.measurements, busy_cores=busy_cores)
     runner = Runner("openvino-bf16")
     plan = EnginePlan(busy, {"openvino-bf16": runner})
     plan.last_batch_at = 0.0
+    return busy, runner, plan
+
+
+def test_a_retake_that_keeps_the_choice_keeps_the_runners() -> None:
+    busy, runner, plan = busy_plan(1.0)
     same = Decision(busy.routes, "quiet", busy.measurements, busy_cores=0.0)
     retaker = Retaker(
         plan,
@@ -206,3 +212,28 @@ def test_every_thread_count_is_built_during_the_load_not_while_serving() -> None
         plan(BATCH)
     assert len(built) == 2
     assert plan.lengths.counts == {4: 600}  # 300 batches of 2 items padded to 4 tokens
+
+
+def test_closing_the_plan_stops_its_threads_and_a_retake_under_way_is_not_swapped_in() -> None:
+    busy, runner, plan = busy_plan(1.7)
+    now, machine = [1000.0], [0.0]
+
+    def remeasure() -> EnginePlan:
+        plan.close()  # the model is unloaded while the child measures
+        return EnginePlan(decide(measured(openvino=40, torch=300), 32), {"torch-fp32": runner})
+
+    # The retaker holds the model through ``remeasure`` (a bound method in a real job): it
+    # must stop because the plan says so, not because the plan was collected.
+    retaker = Retaker(
+        plan, remeasure, RetakeRule(1, 1, 10), clock=lambda: now[0], load=lambda: (machine[0], 0)
+    )
+    retaker.quiet_s = 0.0
+    assert retaker.step() is False  # measured, but closed meanwhile: nothing left to do
+    assert plan.decision is busy  # the unloaded model's plan kept what it had
+    assert retaker.step() is False  # and it never measures again
+    served = EnginePlan(busy, {"openvino-bf16": runner})
+    threads = [Retaker(served, remeasure).start(), IdleRelease(served).start()]
+    served.close()  # the threads poll every few seconds, but stop as soon as it closes
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive()

@@ -303,3 +303,21 @@ async def test_instances_serve_the_engine_and_report_it(
         'batching_model_engine_info{batch_sizes="1-4",engine="openvino",model="tiny",'
         'precision="fp32"} 1.0' in metrics
     )
+
+
+def test_unloading_an_engine_backed_model_closes_its_plan(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    # A closed plan stops its idle release and its retake (test_engine_retake): an unloaded
+    # model measures nothing more, and holds no loading turn that a later load waits behind.
+    embedder = loaded(SentenceEmbedder(folders["st"], engine=options(tmp_path, "onnxruntime")))
+    classifier = loaded(
+        PipelineModel(
+            "text-classification", folders["classifier"], engine=options(tmp_path, "onnxruntime")
+        )
+    )
+    plans = [embedder._model, classifier._plan]
+    assert all(plan is not None and not plan.closed.is_set() for plan in plans)
+    embedder.unload()
+    classifier.unload()
+    assert all(plan is not None and plan.closed.is_set() for plan in plans)

@@ -176,6 +176,9 @@ def test_the_pairs_run_on_the_chosen_engine(
     for text in TEXTS[:2]:
         request = item(text, candidate_labels=LABELS[:6], multi_label=text == TEXTS[0])
         assert_same(answer(exported, request), answer(model, request))
+    assert exported._plan is not None
+    exported.unload()  # its plan's background threads stop
+    assert exported._plan.closed.is_set()
 
 
 # -- through the data plane ------------------------------------------------------------------
