@@ -8,8 +8,10 @@ one run, on a small causal LM built from a config:
    request's tokens gathered by the same decode loop, 16 concurrent): output tokens/s; with
    ``--baseline DIR``, the same requests through the plain door of another checkout of this
    project too (a server started from ``DIR``, beside this one's, measured in turn: e.g. the
-   commit before a change, ``git worktree add /tmp/before REV``), so that a change is
-   compared on one machine, interleaved;
+   commit before a change, ``git worktree add /tmp/before REV``, or this checkout with other
+   flags, ``--baseline . --baseline-flags="..."``), its streams as well, so that a change is
+   compared on one machine, interleaved; each server's resident memory (its whole process
+   tree) after the loads is reported;
 3. the **same requests through transformers' continuous batching offline**
    (``init_continuous_batching``, in this process, no server): output tokens/s, or the error
    it raised on this machine;
@@ -21,12 +23,14 @@ one run, on a small causal LM built from a config:
 All greedy (the same tokens whichever way), fp32, on the server's default threads. The first
 two streams are a warm-up (one-time costs are not a lone request's time to first token). With
 ``--repeats N`` the server's alternatives run N times interleaved (lone requests, streams, the
-plain door, the baseline's plain door, again) and the offline manager N times; the table shows
-medians, the JSON each run too. Prints one table and writes the figures as JSON (``--json``).
+plain door, the baseline's streams and plain door, again) and the offline manager N times; the
+table shows medians, the JSON each run too. Prints one table and writes the figures as JSON
+(``--json``).
 
     python benchmarks/generation.py
     python benchmarks/generation.py --repeats 3
     python benchmarks/generation.py --repeats 3 --baseline /tmp/before --no-transformers-serve
+    python benchmarks/generation.py --vs-vllm DIR --flags="--instances 2 --instance-kind process"
     python benchmarks/generation.py --requests 8 --max-new 8,16 --long 24 --quick
 
 This is a benchmark: run it on a quiet machine (``--quick`` only checks that it runs).
@@ -57,6 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.served_cost import cost, snapshot  # noqa: E402
+from load_test.procstat import tree_rss_bytes  # noqa: E402
 from load_test.serverproc import ServerProcess  # noqa: E402
 
 WORDS = (
@@ -389,6 +394,12 @@ def main() -> None:
         '--baseline-flags="--instance-kind process"',
     )
     parser.add_argument(
+        "--flags",
+        default="",
+        help="this checkout's server's extra flags (every mode), e.g. "
+        '--flags="--instances 2 --instance-kind process --torch-threads 1"',
+    )
+    parser.add_argument(
         "--vs-vllm",
         type=Path,
         default=None,
@@ -414,7 +425,7 @@ def main() -> None:
         folder = build_model(Path(tmp) / MODEL, args.positions, args.width, args.layers, vocab)
         flags = ["--model", str(folder), "--task", "text-generation"]
         flags += ["--max-batch-size", str(args.concurrency)]
-        server = checkout_server(ROOT, flags, Path(tmp) / "server.log")
+        server = checkout_server(ROOT, flags + shlex.split(args.flags), Path(tmp) / "server.log")
         baseline = None
         if args.baseline is not None:
             extra = shlex.split(args.baseline_flags)
@@ -444,12 +455,15 @@ def main() -> None:
                     cost(after, snapshot(server.url, server.pid, MODEL), tokens, plain_s)
                 )
                 plain_rates.append(tokens / plain_s)
-                if baseline is not None:
-                    baseline_s = asyncio.run(plain_door(baseline.url, reqs, args.concurrency))
-                    baseline_rates.append(tokens / baseline_s)
+                if baseline is not None:  # in the same order as this checkout's
                     taken, streamed = asyncio.run(streams(baseline.url, reqs, args.concurrency))
                     baseline_streams.append(sum(r.tokens for r in streamed) / taken)
                     baseline_ttfts.append(statistics.median(r.ttft for r in streamed))
+                    baseline_s = asyncio.run(plain_door(baseline.url, reqs, args.concurrency))
+                    baseline_rates.append(tokens / baseline_s)
+            # Each server's whole process tree (its process instances' children too).
+            rss_mb = _tree_mb(server.pid)
+            baseline_rss_mb = _tree_mb(baseline.pid) if baseline is not None else None
             race = asyncio.run(short_during_long(server.url, args.long))
         finally:
             server.stop()
@@ -482,7 +496,10 @@ def main() -> None:
         ),
         "baseline_ttft_p50_s": statistics.median(baseline_ttfts) if baseline_ttfts else None,
         "baseline": None if args.baseline is None else str(args.baseline),
+        "flags": args.flags,
         "baseline_flags": args.baseline_flags,
+        "rss_mb": rss_mb,
+        "baseline_rss_mb": baseline_rss_mb,
         "offline_continuous": offline,
         "ttft_p50_s": statistics.median(ttfts),
         "lone_ttft_s": statistics.median(lone_ttfts),
@@ -560,10 +577,21 @@ def main() -> None:
                 f"({figures['baseline_ttft_p50_s'] * 1000:.0f} ms)",
             ),
         )
+    rows.append(
+        (
+            "resident memory after the loads (process tree)",
+            f"{rss_mb:.0f} MB"
+            + (f", the baseline's {baseline_rss_mb:.0f} MB" if baseline_rss_mb else ""),
+        )
+    )
     for name, value in rows:
         print(f"{name:<55} {value}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(figures, indent=2))
+
+
+def _tree_mb(pid: int | None) -> float:
+    return (tree_rss_bytes(pid) or 0) / 2**20 if pid else 0.0
 
 
 def _medians(each: list[dict[str, Any]]) -> dict[str, Any]:
@@ -586,7 +614,7 @@ def against_vllm(args: argparse.Namespace, reqs: list[Req]) -> None:
             name = f"gpt2-w{args.width}-l{args.layers}-v{vocab}"
             folder = build_model(Path(tmp) / name, args.positions, args.width, args.layers, vocab)
             flags = ["--model", str(folder), "--task", "text-generation", "--name", MODEL]
-            flags += ["--max-batch-size", str(args.concurrency)]
+            flags += ["--max-batch-size", str(args.concurrency), *shlex.split(args.flags)]
             # The servers' logs stay out of the results (they name this machine's paths).
             logs = ROOT / "load_test_results" / "vs-vllm-logs"
             logs.mkdir(parents=True, exist_ok=True)
@@ -606,7 +634,9 @@ def against_vllm(args: argparse.Namespace, reqs: list[Req]) -> None:
             )
         print(vllm_side.table({name: results[name]}), flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({"repeats": args.repeats, "models": results}, indent=2))
+    Path(args.json).write_text(
+        json.dumps({"repeats": args.repeats, "flags": args.flags, "models": results}, indent=2)
+    )
 
 
 if __name__ == "__main__":

@@ -282,6 +282,15 @@ class StepScheduler:
                         NotReady("the server shut down before serving this request"),
                     )
 
+    def _share(self) -> int:
+        """The most rows one instance's batch takes now: ``max_rows``, and with several
+        instances their fair share of the accepted streams (running or waiting), so that
+        newcomers arriving together are spread over the instances' batches instead of filling
+        the first one to step while the others idle."""
+        if self.instances <= 1:
+            return self.max_rows
+        return min(self.max_rows, -(-self.active // self.instances))
+
     async def _step(self, host: BatchHost, running: dict[int, Stream]) -> None:
         now = self._now()
         leaving: set[int] = set()
@@ -291,7 +300,8 @@ class StepScheduler:
                 del running[key]
                 self._expire(stream)
         joining: list[Stream] = []
-        while self._waiting and len(running) + len(joining) < self.max_rows:
+        share = self._share()
+        while self._waiting and len(running) + len(joining) < share:
             stream = self._waiting.popleft()
             if stream.status.finished or stream.deadline <= now:
                 self._expire(stream)

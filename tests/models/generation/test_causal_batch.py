@@ -5,6 +5,7 @@ departures, deadlines and per-sequence faults over a scripted batch."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -249,7 +250,9 @@ class Model:
         return 32
 
 
-async def started(decoder: StepScheduler, batch: Scripted) -> asyncio.Task[None]:
+async def started(
+    decoder: StepScheduler, batch: Scripted, instances: int = 1
+) -> asyncio.Task[None]:
     model = Model(batch)
     loaded = asyncio.Event()
 
@@ -262,7 +265,7 @@ async def started(decoder: StepScheduler, batch: Scripted) -> asyncio.Task[None]
 
     task = asyncio.create_task(decoder.serve(ThreadHost(call)))
     await loaded.wait()  # serve counted the instance before it waited again
-    assert decoder.instances == 1
+    assert decoder.instances == instances
     return task
 
 
@@ -308,6 +311,34 @@ async def _more_rows_than_the_cap_wait_their_turn() -> None:
     assert [await drain(stream) for stream in streams] == ["abbb"] * 3
     assert batch.joined == [streams[0].key, streams[1].key, streams[2].key]
     task.cancel()
+
+
+def test_newcomers_are_spread_over_the_instances_batches() -> None:
+    asyncio.run(_newcomers_are_spread_over_the_instances_batches())
+
+
+async def _newcomers_are_spread_over_the_instances_batches() -> None:
+    decoder = StepScheduler("m", max_rows=4, budget=1000)
+    batches = [Scripted(), Scripted()]
+    tasks = [
+        await started(decoder, batch, instances=index + 1) for index, batch in enumerate(batches)
+    ]
+    deadline = asyncio.get_running_loop().time() + 30
+    streams = [decoder.submit((3, None), 10, deadline) for _ in range(4)]
+    assert [await drain(stream) for stream in streams] == ["abb"] * 4
+    # Each took its share (two of the four arriving together), not the first to step all four.
+    assert sorted(len(batch.joined) for batch in batches) == [2, 2]
+    # Alone, an instance takes up to the cap.
+    for task in tasks[1:]:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert decoder.instances == 1
+    joined = [len(batch.joined) for batch in batches]
+    streams = [decoder.submit((3, None), 10, deadline) for _ in range(4)]
+    assert [await drain(stream) for stream in streams] == ["abb"] * 4
+    assert len(batches[0].joined) == joined[0] + 4
+    tasks[0].cancel()
 
 
 def test_a_cancelled_stream_leaves_at_the_next_step() -> None:
