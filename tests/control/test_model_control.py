@@ -180,6 +180,10 @@ async def test_reload_swaps_versions_and_the_old_one_finishes_what_it_accepted(
         return states(await index(client)) == {("m", "2", "READY")}
 
     await until(retired)
+    # The retired version's copy is unloaded (its hook runs on its instance's thread once the
+    # version is stopped), the serving one's is not.
+    assert await asyncio.to_thread(versions.VersionOne.unloaded.wait, 10)
+    assert (versions.VersionOne.unloads, versions.VersionTwo.unloads) == (1, 0)
     metrics = (await call(client, "GET", "/metrics")).text
     assert sample(metrics, "batching_model_state", 0.0, model="m", version="1", state="READY") == 0
     assert sample(metrics, "batching_model_state", model="m", version="2", state="READY") == 1
@@ -277,6 +281,8 @@ async def test_unload_serves_what_it_accepted_then_404s_and_shows_unavailable(
     gate.set()
     assert (await running).json()["outputs"][0]["data"] == ["1:x"]
     assert (await unloading).status_code == 200
+    assert await asyncio.to_thread(versions.VersionOne.unloaded.wait, 10)  # its hook ran
+    assert versions.VersionOne.unloads == 1
     entries = await index(client)
     assert states(entries) == {("m", "1", "UNAVAILABLE")}
     unnamed = await call(client, "POST", "/", content=b"no model left")

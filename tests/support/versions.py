@@ -28,6 +28,10 @@ class VersionModel:
     loads = 0
     #: Set when a copy begins to load.
     began: threading.Event = threading.Event()
+    #: How many copies were unloaded (their ``unload`` hook ran; each class counts its own).
+    unloads = 0
+    #: Set when a copy's ``unload`` ran.
+    unloaded: threading.Event = threading.Event()
 
     def load(self, device: str) -> None:
         type(self).loads += 1
@@ -35,6 +39,10 @@ class VersionModel:
         gate = type(self).load_gate
         if gate is not None and not gate.wait(timeout=60):
             raise TimeoutError("never allowed to load")
+
+    def unload(self) -> None:
+        type(self).unloads += 1
+        type(self).unloaded.set()
 
     def predict(self, inputs: list[Any]) -> Sequence[Any]:
         type(self).entered.set()
@@ -54,12 +62,14 @@ class VersionOne(VersionModel):
     VERSION = "1"
     entered = threading.Event()
     began = threading.Event()
+    unloaded = threading.Event()
 
 
 class VersionTwo(VersionModel):
     VERSION = "2"
     entered = threading.Event()
     began = threading.Event()
+    unloaded = threading.Event()
 
 
 class BrokenVersion(VersionModel):
@@ -89,6 +99,8 @@ def reset() -> None:
         cls.load_gate = None
         cls.predict_gate = None
         cls.loads = 0
+        cls.unloads = 0
     for version in (VersionOne, VersionTwo):
         version.entered.clear()
         version.began.clear()
+        version.unloaded.clear()

@@ -5,10 +5,10 @@ padded on their way, and the timing that decides where it serves
 At a decode step's few rows a product reads its whole matrix for little arithmetic. torch's
 plain ``linear``/``addmm`` hands the matrix to the BLAS as it is stored, at every call; oneDNN
 reads a copy laid out once for its kernels (prepacked as torch's own compiler does when it
-freezes weights, and as vLLM's and IPEX's CPU paths do). For an output layer of 30,522 x 256
-(31 MB in fp32) that measured 4.6 against 2.8 ms for one row, 9.7 against 4.0 ms for 16, on a
-2-core EPYC. Outputs agree with the plain product to float32 rounding (the sums are taken in
-another order).
+freezes weights, and as vLLM's and IPEX's CPU paths do). Which is faster at which row count
+depends on the CPU: the load measures both and logs the timings it decided from
+(:mod:`.packed_products`). Outputs agree with the plain product to float32 rounding (the sums
+are taken in another order).
 """
 
 from __future__ import annotations
