@@ -20,12 +20,16 @@ def free_port() -> int:
 
 @contextlib.asynccontextmanager
 async def running(app: ASGIApp, *, wait_ready: bool = True) -> AsyncIterator[str]:
-    """Serve ``app`` on a free port; yields its base URL once it accepts (and is ready)."""
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=free_port(), lifespan="on", log_level="warning"
-    )
+    """Serve ``app`` on a free port; yields its base URL once it accepts (and is ready).
+
+    The socket is bound here and handed to uvicorn: a port picked first and bound later can be
+    taken meanwhile by another test's server (two workers run side by side)."""
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    port = int(listening.getsockname()[1])
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on", log_level="warning")
     server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=[listening]))
     try:
         # States, not time budgets: a busy machine starts slower, and pytest's own timeout
         # bounds a start that hangs.
@@ -34,7 +38,7 @@ async def running(app: ASGIApp, *, wait_ready: bool = True) -> AsyncIterator[str
                 task.result()
                 raise AssertionError("uvicorn stopped before it started")
             await asyncio.sleep(0.01)  # uvicorn offers no started event to await
-        url = f"http://127.0.0.1:{config.port}"
+        url = f"http://127.0.0.1:{port}"
         if wait_ready:
             # The first start of a model with --engine auto exports and checks it.
             async with httpx.AsyncClient(base_url=url, timeout=None) as client:
@@ -45,4 +49,7 @@ async def running(app: ASGIApp, *, wait_ready: bool = True) -> AsyncIterator[str
         yield url
     finally:
         server.should_exit = True
-        await task
+        try:
+            await task
+        finally:
+            listening.close()
